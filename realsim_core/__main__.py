@@ -1,0 +1,7 @@
+"""`python -m realsim_core` is `realsim`."""
+
+import sys
+
+from realsim_core.cli import main
+
+sys.exit(main())

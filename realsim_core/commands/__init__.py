@@ -1,0 +1,1 @@
+"""Subcommands of `realsim` (one module each)."""
