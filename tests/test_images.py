@@ -72,7 +72,7 @@ def test_mono16_scaled_full_range(bigendian, pad):
     # Reading big-endian data as little-endian swaps the bytes (the flag matters).
     if bigendian:
         wrong = decode_image("mono16", H, W, step, data, is_bigendian=0)
-        assert wrong[0, 1, 0] != 1
+        assert wrong[0, 5, 0] == 231  # 1000 = 0x03E8 read as 0xE803 = 59395
 
 
 def test_data_container_types():
