@@ -1,0 +1,226 @@
+"""Differentiable rig kinematics through MuJoCo MJX.
+
+`forward(km, q_measured, joint_offsets, corrections, fixed_deltas, mounted_deltas)` is a
+pure, jittable function returning world poses of every MJCF body, every rig camera's
+REP-103 optical frame (z forward, x right, y down) and every arm's tool centre point.
+`forward_batch` is its `vmap` over frames (shared offsets and deltas).
+
+The static model is a frozen pytree `KinematicModel` (build it once with
+`build_kinematic_model(rig, mj_model)`), passed explicitly, like MJX's `Model`:
+
+- `q = q_measured + joint_offsets + corrections` ([J], rig order `rig.joint_names`,
+  rad for hinges, m for slides) is mapped linearly to MuJoCo `qpos` (`qpos_base + A q`,
+  see rig.py for couplings such as gripper -> two fingers);
+- fixed camera c (mounted on the world frame): `T_world_opt = N_c @ exp(delta_c)`;
+- mounted camera c (e.g. a wrist camera): `T_world_opt = T_world_mount @ N_c @ exp(delta_c)`,
+  where `N_c` is the rig file's nominal pose and `exp` is `se3.se3_exp` (delta on the right).
+
+`reference_forward` is the same computation with C MuJoCo in float64 (numpy); it is the
+test oracle and what `evaluate`/`synth` use (no JIT compile needed there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+
+from realsim_core.rig import Rig
+from realsim_core.se3 import make_pose, se3_exp
+
+
+@dataclass(frozen=True)
+class JointLayout:
+    """Linear map from rig joint values [J] to MuJoCo qpos [nq]: qpos = base + A @ q."""
+
+    qpos_base: np.ndarray  # [nq] float64: model qpos0 with driven entries zeroed
+    A: np.ndarray  # [nq, J] float64
+
+    def qpos(self, q: np.ndarray) -> np.ndarray:
+        """[..., J] -> [..., nq] (numpy or jax)."""
+        return self.qpos_base + q @ self.A.T
+
+
+def joint_layout(rig: Rig, model: mujoco.MjModel) -> JointLayout:
+    """Build the joint map for `rig` on `model` (names were validated by `load_rig`)."""
+    names = rig.joint_names
+    A = np.zeros((model.nq, len(names)))
+    base = np.array(model.qpos0, dtype=np.float64)
+    j = 0
+    for arm in rig.arms:
+        for jm in arm.joints:
+            for mj_name, s in zip(jm.mjcf, jm.scale):
+                jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, mj_name)
+                adr = int(model.jnt_qposadr[jid])
+                A[adr, j] = s
+                base[adr] = 0.0
+            j += 1
+    return JointLayout(base, A)
+
+
+def _body_id(model: mujoco.MjModel, name: str) -> int:
+    return int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name))
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class KinematicModel:
+    """Static kinematic model of a rig (a pytree; pass it to jitted functions as an argument).
+
+    Array fields are float32 unless noted. J joints, Cf fixed cameras, Cw mounted cameras,
+    A arms, C = Cf + Cw cameras in rig file order.
+    """
+
+    mjx_model: object  # mujoco.mjx.Model
+    qpos_base: jax.Array  # [nq]
+    joint_map: jax.Array  # [nq, J]
+    fixed_nominal: jax.Array  # [Cf, 4, 4] T_world_optical (m)
+    mounted_nominal: jax.Array  # [Cw, 4, 4] T_mount_optical (m)
+    mounted_body: jax.Array  # [Cw] int32 body ids of the mounts
+    tcp_body: jax.Array  # [A] int32
+    tcp_offset: jax.Array  # [A, 3] m, in the tcp body frame
+    joint_names: tuple[str, ...] = field(metadata=dict(static=True))
+    camera_names: tuple[str, ...] = field(metadata=dict(static=True))  # rig order
+    camera_perm: tuple[int, ...] = field(metadata=dict(static=True))  # rig order -> [fixed; mounted]
+    body_names: tuple[str, ...] = field(metadata=dict(static=True))
+
+
+class RigPoses(NamedTuple):
+    """Outputs of `forward` (add a leading [F] axis for `forward_batch`)."""
+
+    bodies: jax.Array  # [nbody, 4, 4] T_world_body (m), MuJoCo body order (0 = world)
+    cameras: jax.Array  # [C, 4, 4] T_world_optical (m), rig camera order
+    tcp: jax.Array  # [A, 3] tool centre points in world (m), rig arm order
+
+
+def build_kinematic_model(rig: Rig, model: mujoco.MjModel) -> KinematicModel:
+    """Compile the static model for `rig` on the MuJoCo model `model` (from `load_mjmodel`)."""
+    from mujoco import mjx
+
+    lay = joint_layout(rig, model)
+    fixed = rig.fixed_cameras
+    mounted = rig.mounted_cameras
+    order = [c.name for c in fixed] + [c.name for c in mounted]
+    f32 = jnp.float32
+
+    def stack(cams):
+        if not cams:
+            return jnp.zeros((0, 4, 4), f32)
+        return jnp.asarray(np.stack([c.nominal for c in cams]), f32)
+
+    return KinematicModel(
+        mjx_model=mjx.put_model(model),
+        qpos_base=jnp.asarray(lay.qpos_base, f32),
+        joint_map=jnp.asarray(lay.A, f32),
+        fixed_nominal=stack(fixed),
+        mounted_nominal=stack(mounted),
+        mounted_body=jnp.asarray([_body_id(model, c.mount) for c in mounted], jnp.int32),
+        tcp_body=jnp.asarray([_body_id(model, a.tcp_body) for a in rig.arms], jnp.int32),
+        tcp_offset=jnp.asarray([a.tcp_offset for a in rig.arms], f32).reshape(-1, 3),
+        joint_names=rig.joint_names,
+        camera_names=rig.camera_names,
+        camera_perm=tuple(order.index(c) for c in rig.camera_names),
+        body_names=tuple(model.body(i).name for i in range(model.nbody)),
+    )
+
+
+def forward(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_deltas,
+            mounted_deltas) -> RigPoses:
+    """World poses of bodies, camera optical frames and TCPs for one frame (pure, jittable).
+
+    Args:
+      km: static model from `build_kinematic_model`.
+      q_measured: [J] joint values as measured (rad; m for slides), rig order.
+      joint_offsets: [J] constant offsets added to the measurement (same units).
+      corrections: [J] per-frame corrections added as well (same units).
+      fixed_deltas: [Cf, 6] se(3) deltas (m, rad) right-applied to fixed cameras' nominal.
+      mounted_deltas: [Cw, 6] se(3) deltas right-applied to mounted cameras' nominal.
+    """
+    from mujoco import mjx
+
+    q = jnp.asarray(q_measured) + joint_offsets + corrections
+    qpos = km.qpos_base + km.joint_map @ q
+    m = km.mjx_model
+    d = mjx.make_data(m).replace(qpos=qpos.astype(km.qpos_base.dtype))
+    d = mjx.kinematics(m, d)
+    bodies = make_pose(d.xmat.reshape(-1, 3, 3), d.xpos)
+    cams_fixed = km.fixed_nominal @ se3_exp(fixed_deltas)
+    cams_mounted = bodies[km.mounted_body] @ km.mounted_nominal @ se3_exp(mounted_deltas)
+    cams = jnp.concatenate([cams_fixed, cams_mounted], 0)[jnp.asarray(km.camera_perm, jnp.int32)]
+    tb = bodies[km.tcp_body]
+    tcp = tb[:, :3, 3] + jnp.einsum("aij,aj->ai", tb[:, :3, :3], km.tcp_offset)
+    return RigPoses(bodies, cams, tcp)
+
+
+def forward_batch(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_deltas,
+                  mounted_deltas) -> RigPoses:
+    """`forward` over frames: q_measured [F, J], corrections [F, J]; the rest shared."""
+    fn = jax.vmap(forward, in_axes=(None, 0, None, 0, None, None))
+    return fn(km, q_measured, joint_offsets, corrections, fixed_deltas, mounted_deltas)
+
+
+forward_jit = jax.jit(forward)
+forward_batch_jit = jax.jit(forward_batch)
+
+
+def zero_params(km: KinematicModel) -> dict:
+    """Zero offsets/deltas with the right shapes: joint_offsets [J], fixed [Cf,6], mounted [Cw,6]."""
+    return {
+        "joint_offsets": jnp.zeros(len(km.joint_names), jnp.float32),
+        "fixed_deltas": jnp.zeros((km.fixed_nominal.shape[0], 6), jnp.float32),
+        "mounted_deltas": jnp.zeros((km.mounted_nominal.shape[0], 6), jnp.float32),
+    }
+
+
+# ----------------------------------------------------------------------- C MuJoCo reference
+
+
+def body_poses_reference(model: mujoco.MjModel, qpos: np.ndarray) -> np.ndarray:
+    """C MuJoCo `mj_kinematics`: qpos [nq] -> body poses [nbody, 4, 4] float64."""
+    d = mujoco.MjData(model)
+    d.qpos[:] = qpos
+    mujoco.mj_kinematics(model, d)
+    T = np.tile(np.eye(4), (model.nbody, 1, 1))
+    T[:, :3, :3] = d.xmat.reshape(-1, 3, 3)
+    T[:, :3, 3] = d.xpos
+    return T
+
+
+def reference_forward(rig: Rig, model: mujoco.MjModel, q: np.ndarray,
+                      camera_poses: dict[str, np.ndarray] | None = None) -> RigPoses:
+    """Float64 numpy twin of `forward` with q = total joint values [J] (offsets included).
+
+    `camera_poses` optionally replaces cameras' nominal poses ({name: [4, 4]} in the mount).
+    Returns numpy arrays in a `RigPoses`.
+    """
+    lay = joint_layout(rig, model)
+    bodies = body_poses_reference(model, lay.qpos(np.asarray(q, np.float64)))
+    cams = []
+    for c in rig.cameras:
+        nominal = (camera_poses or {}).get(c.name, c.nominal)
+        mount = np.eye(4) if c.mount == rig.world_frame else bodies[_body_id(model, c.mount)]
+        cams.append(mount @ nominal)
+    tcp = []
+    for a in rig.arms:
+        tb = bodies[_body_id(model, a.tcp_body)]
+        tcp.append(tb[:3, 3] + tb[:3, :3] @ np.asarray(a.tcp_offset))
+    return RigPoses(bodies, np.stack(cams), np.stack(tcp))
+
+
+def tcp_positions(rig: Rig, model: mujoco.MjModel, q: np.ndarray) -> np.ndarray:
+    """Tool centre points for frames of joint values q [F, J] -> [F, A, 3] (m, float64)."""
+    lay = joint_layout(rig, model)
+    d = mujoco.MjData(model)
+    ids = [_body_id(model, a.tcp_body) for a in rig.arms]
+    offs = np.asarray([a.tcp_offset for a in rig.arms], np.float64)
+    out = np.zeros((len(q), len(ids), 3))
+    for f, qf in enumerate(np.asarray(q, np.float64)):
+        d.qpos[:] = lay.qpos(qf)
+        mujoco.mj_kinematics(model, d)
+        for a, b in enumerate(ids):
+            out[f, a] = d.xpos[b] + d.xmat[b].reshape(3, 3) @ offs[a]
+    return out
