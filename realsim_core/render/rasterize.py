@@ -206,7 +206,7 @@ def _alpha(u, v, mx, my, ca, cb, cc, op):
     return dx, dy, gval, raw, a, valid
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _make_composite(ntx: int, nty: int, tile: int):
     """Front-to-back compositing over slots with a custom (reverse-scan) VJP.
 

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from realsim_core.render.rasterize import (
-    ALPHA_MAX, ALPHA_MIN, DILATION_PX2, FOV_CLAMP, T_MIN)
+from realsim_core.render.rasterize import ALPHA_MAX, ALPHA_MIN, DILATION_PX2, FOV_CLAMP, T_MIN
 from realsim_core.render.sh import eval_sh
 from realsim_core.types import CameraIntrinsics
 
