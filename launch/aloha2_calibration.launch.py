@@ -1,15 +1,16 @@
 """Run the realsim calibration node on the ALOHA 2 rig.
 
-    ros2 launch realsim_ros aloha2_calibration.launch.py rig_file:=/path/rig.yaml
+ros2 launch realsim_ros aloha2_calibration.launch.py rig_file:=/path/rig.yaml
 """
 
 import os
 
 from ament_index_python.packages import get_package_share_directory
-from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+
+from launch import LaunchDescription
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -28,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="realsim",
-        description="Real-to-sim calibration for the ALOHA 2 rig (cameras, joint offsets, objects).",
+        description="Real-to-sim calibration for the ALOHA 2 rig "
+        "(cameras, joint offsets, objects).",
     )
     from realsim_core import __version__
 

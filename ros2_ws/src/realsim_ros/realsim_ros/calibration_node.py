@@ -65,9 +65,8 @@ class CalibrationNode(Node):
                 self._subscribe(f"{cam}/image", Image, image_topic)
             self._subscribe(f"{cam}/camera_info", CameraInfo, info_topic)
         for arm in self.get_parameter("arms").value:
-            self._subscribe(
-                f"{arm}/joint_states", JointState, self.get_parameter(f"{arm}.joint_states_topic").value
-            )
+            topic = self.get_parameter(f"{arm}.joint_states_topic").value
+            self._subscribe(f"{arm}/joint_states", JointState, topic)
 
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         rate = self.get_parameter("diagnostics_rate_hz").value
@@ -93,7 +92,8 @@ class CalibrationNode(Node):
         )
         self.declare_parameter(
             "cameras", list(defaults.CAMERAS),
-            desc("Camera names; each has <name>.image_topic and <name>.info_topic.", read_only=True),
+            desc("Camera names; each has <name>.image_topic and <name>.info_topic.",
+                 read_only=True),
         )
         self.declare_parameter(
             "arms", list(defaults.ARMS),
