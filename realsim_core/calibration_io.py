@@ -209,7 +209,7 @@ def calibration_to_dict(c: Calibration, base_dir: Path) -> dict:
 
 
 def _plain(x: Any) -> Any:
-    """numpy scalars/arrays -> Python types, recursively (for yaml.safe_dump)."""
+    """Numpy scalars/arrays -> Python types, recursively (for yaml.safe_dump)."""
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

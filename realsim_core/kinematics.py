@@ -85,7 +85,8 @@ class KinematicModel:
     tcp_offset: jax.Array  # [A, 3] m, in the tcp body frame
     joint_names: tuple[str, ...] = field(metadata=dict(static=True))
     camera_names: tuple[str, ...] = field(metadata=dict(static=True))  # rig order
-    camera_perm: tuple[int, ...] = field(metadata=dict(static=True))  # rig order -> [fixed; mounted]
+    # rig camera order -> index into [fixed; mounted]
+    camera_perm: tuple[int, ...] = field(metadata=dict(static=True))
     body_names: tuple[str, ...] = field(metadata=dict(static=True))
 
 
@@ -139,6 +140,7 @@ def forward(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_de
       corrections: [J] per-frame corrections added as well (same units).
       fixed_deltas: [Cf, 6] se(3) deltas (m, rad) right-applied to fixed cameras' nominal.
       mounted_deltas: [Cw, 6] se(3) deltas right-applied to mounted cameras' nominal.
+
     """
     from mujoco import mjx
 
@@ -168,7 +170,7 @@ forward_batch_jit = jax.jit(forward_batch)
 
 
 def zero_params(km: KinematicModel) -> dict:
-    """Zero offsets/deltas with the right shapes: joint_offsets [J], fixed [Cf,6], mounted [Cw,6]."""
+    """Zero offsets and deltas: joint_offsets [J], fixed_deltas [Cf,6], mounted_deltas [Cw,6]."""
     return {
         "joint_offsets": jnp.zeros(len(km.joint_names), jnp.float32),
         "fixed_deltas": jnp.zeros((km.fixed_nominal.shape[0], 6), jnp.float32),

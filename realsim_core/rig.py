@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from realsim_core.errors import RealsimError
-from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix
+from realsim_core.se3 import matrix_to_quat_xyzw
 from realsim_core.types import CameraIntrinsics
 
 BUILTIN_PREFIX = "builtin:"
@@ -166,6 +166,16 @@ class _Ctx:
                             f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
+def quat_xyzw_to_matrix_np(q) -> np.ndarray:
+    """[4] xyzw (normalised here) -> [3, 3], numpy float64 (se3's version is JAX float32)."""
+    x, y, z, w = np.asarray(q, np.float64) / np.linalg.norm(q)
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+    ])
+
+
 def pose_from_dict(d: Any, ctx: _Ctx, path: str) -> np.ndarray:
     """{translation: [3], rotation_xyzw: [4]} -> [4, 4] float64."""
     if not isinstance(d, dict):
@@ -175,7 +185,7 @@ def pose_from_dict(d: Any, ctx: _Ctx, path: str) -> np.ndarray:
     if np.linalg.norm(q) < 1e-9:
         raise ctx.fail(f"{path}.rotation_xyzw", "zero quaternion")
     T = np.eye(4)
-    T[:3, :3] = np.asarray(quat_xyzw_to_matrix(q / np.linalg.norm(q)), dtype=np.float64)
+    T[:3, :3] = quat_xyzw_to_matrix_np(q)
     T[:3, 3] = t
     return T
 
@@ -250,7 +260,8 @@ def rig_from_dict(data: Any, base_dir: Path, where: str = "rig") -> Rig:
         if not isinstance(a, dict):
             raise ctx.fail(p, f"expected a mapping, got {a!r}")
         ctx.unknown(a, _ARM_KEYS, p)
-        topic = ctx.get(a, "joint_states_topic", p, str, required=False) or f"/{arm_name}/joint_states"
+        topic = (ctx.get(a, "joint_states_topic", p, str, required=False)
+                 or f"/{arm_name}/joint_states")
         jd = ctx.get(a, "joints", p, dict)
         if not jd:
             raise ctx.fail(f"{p}.joints", "no joints listed")
@@ -313,8 +324,8 @@ def validate_against_model(rig: Rig, model, where: str = "rig") -> None:
             raise ctx.fail(f"arms.{a.name}.tcp.body", f"unknown MJCF body '{a.tcp_body}'")
     for c in rig.cameras:
         if c.mount != rig.world_frame and not has(mujoco.mjtObj.mjOBJ_BODY, c.mount):
-            raise ctx.fail(f"cameras.{c.name}.mount",
-                           f"unknown MJCF body '{c.mount}' (nor the world frame '{rig.world_frame}')")
+            raise ctx.fail(f"cameras.{c.name}.mount", f"unknown MJCF body '{c.mount}' "
+                           f"(nor the world frame '{rig.world_frame}')")
 
 
 def load_mjmodel(rig: Rig):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from scipy.linalg import expm
+from test_rig import gym_aloha_rig_fixture  # noqa: F401 (provides fixture gym_aloha_rig)
 
 from realsim_core.kinematics import (
     build_kinematic_model,

@@ -5,6 +5,7 @@ package needs no generation step. Link offsets follow the ViperX 300 S (Interbot
 MuJoCo Menagerie `aloha`); geometry is primitives with sizes close to the real links.
 """
 
+# ruff: noqa: E501  (the XML template reads better unwrapped)
 from __future__ import annotations
 
 from pathlib import Path
