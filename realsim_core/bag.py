@@ -541,27 +541,39 @@ def iter_raw(
 ) -> Iterator[tuple[str, str, int, bytes]]:
     """Yield `(topic, msgtype, bag_time_ns, cdr_bytes)` in bag-time order.
 
-    `msgtype` is "pkg/msg/Type". Recovery warnings of a truncated bag go to the logger.
-    Raises `RealsimError` for unreadable bags, and mid-way if the data is damaged.
+    `msgtype` is "pkg/msg/Type". The bag is opened by this call, so a missing or
+    unreadable bag raises `RealsimError` here, not at the first `next()`; damage found
+    while iterating raises `RealsimError` then. Recovery warnings of a truncated bag go to
+    the logger. The bag is closed when the iterator is exhausted or garbage-collected.
     """
-    with _OpenBag(path) as bag:
+    bag = _OpenBag(path).__enter__()
+    try:
         for w in bag.warnings:
             _LOG.warning("%s", w)
         conns = bag.select(topics)
+    except BaseException:
+        bag.__exit__(None, None, None)
+        raise
+    return _iter_raw(bag, conns)
+
+
+def _iter_raw(bag: _OpenBag, conns: list[Connection]) -> Iterator[tuple[str, str, int, bytes]]:
+    try:
         it = bag.messages(conns)
         last_t = None
         while True:
             try:
-                item = next(it)
+                conn, t, data = next(it)
             except StopIteration:
                 return
             except Exception as err:
                 raise RealsimError(
                     f"bag {bag.path} is damaged after t={last_t} ns: {_one_line(err)}"
                 ) from err
-            conn, t, data = item
             last_t = t
             yield conn.topic, conn.msgtype, int(t), bytes(data)
+    finally:
+        bag.__exit__(None, None, None)
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ def test_missing_and_non_bag_paths(tmp_path):
     with pytest.raises(RealsimError, match="not a rosbag2 bag"):
         read_bag(tmp_path / "notes.txt")
     with pytest.raises(RealsimError, match="does not exist"):
-        list(iter_raw(tmp_path / "missing"))
+        iter_raw(tmp_path / "missing")  # raised by the call, before iterating
 
 
 @pytest.mark.parametrize(
