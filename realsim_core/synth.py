@@ -55,8 +55,8 @@ _OBJECT_COLOURS = ((0.85, 0.15, 0.1), (0.1, 0.55, 0.9), (0.95, 0.8, 0.1), (0.2, 
 # centre, amplitude (rad) per ROS joint name for the random trajectories (ALOHA-like poses)
 _MOTION = {
     "waist": (0.0, 0.55),
-    "shoulder": (0.05, 0.4),
-    "elbow": (0.15, 0.35),
+    "shoulder": (-0.05, 0.4),
+    "elbow": (0.1, 0.35),
     "forearm_roll": (0.0, 0.5),
     "wrist_angle": (0.75, 0.45),
     "wrist_rotate": (0.0, 0.8),
