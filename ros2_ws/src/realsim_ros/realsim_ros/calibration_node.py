@@ -1,13 +1,22 @@
-"""The realsim calibration node (thin: parameters, subscriptions, diagnostics).
+"""The realsim calibration node (thin: parameters, conversions, publishing; logic in realsim_core).
 
-It subscribes to the four ALOHA 2 camera streams, their camera_info and both follower
-joint_states topics, counts what it receives and publishes `/diagnostics` at
-`diagnostics_rate_hz`. The calibration engine (realsim_core) plugs in behind it.
+Inputs (sensor-data QoS): the cameras' Image or CompressedImage, their camera_info, the
+arms' joint_states, optional object masks. Callbacks only decode and append into a
+`realsim_core.online.OnlineCalibrator`; its worker thread assembles frame sets, keeps
+keyframes and steps the estimator (the engine, or `NominalEstimator` until it exists).
+
+Outputs (contracts.md): `/tf_static` (mount -> optical frame, transient local),
+`~/joint_offsets`, `~/<arm>/joint_states` (measured + offsets, same stamps, at input
+rate), `/diagnostics`; services `~/save`, `~/reset` (Trigger), `~/freeze` (SetBool).
+It resumes from `<output_dir>/calibration.yaml` and saves there on shutdown when the
+estimate changed.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,18 +25,35 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import (
     FloatingPointRange,
+    IntegerRange,
     ParameterDescriptor,
     ParameterType,
     SetParametersResult,
 )
+from rclpy.clock import Clock, ClockType
+from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
-from rclpy.qos import qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image, JointState
+from std_srvs.srv import SetBool, Trigger
+from tf2_msgs.msg import TFMessage
 
+from realsim_core.errors import RealsimError
+from realsim_core.online import (
+    CalibrationStore,
+    OnlineCalibrator,
+    SyncOptions,
+    nominal_calibration,
+)
+from realsim_core.rig import load_rig
+from realsim_core.sync import ACCEPTED, DUPLICATE, RESET
+from realsim_ros import conversions as conv
 from realsim_ros import defaults
 
 NODE_NAME = "realsim"
+WARN_PERIOD_S = 60.0  # a repeated problem of one kind is logged at most this often
+ASPECT_TOLERANCE = 0.01  # image vs camera_info aspect ratio mismatch still rescaled
 
 
 @dataclass
@@ -35,46 +61,172 @@ class _TopicCounter:
     """Messages received on one input topic, with the last receive time (monotonic s)."""
 
     topic: str
+    optional: bool = False
     count: int = 0
     last_rx: float = field(default=-math.inf)
+    last_stamp_ns: int = -1
 
     def tick(self) -> None:
         self.count += 1
         self.last_rx = time.monotonic()
 
 
+# parameter name -> (type, min, max, read_only, default, description)
+_NUMERIC = {
+    "diagnostics_rate_hz": (float, 0.1, 50.0, True, 1.0, "Rate of /diagnostics (Hz)."),
+    "publish_rate_hz": (float, 0.1, 50.0, False, 5.0,
+                        "Rate at which ~/joint_offsets is republished and TF changes are "
+                        "checked (Hz)."),
+    "silent_after_s": (float, 0.01, 3600.0, False, 3.0,
+                       "An input with no message for this long is reported as silent (s)."),
+    "sync.image_tolerance_ms": (float, 0.1, 1000.0, False, 15.0,
+                                "Max spread of image stamps within one frame set (ms)."),
+    "sync.joint_tolerance_ms": (float, 0.1, 5000.0, False, 50.0,
+                                "How far a frame set may be from the nearest joint state "
+                                "when it cannot be bracketed (ms)."),
+    "sync.max_latency_ms": (float, 1.0, 10000.0, False, 500.0,
+                            "How long a closed frame set waits for a later joint state (ms)."),
+    "sync.min_cameras": (int, 1, 64, True, 1,
+                         "Fewest images in a (partial) frame set that is still used."),
+    "sync.max_pending": (int, 1, 1024, True, 16,
+                         "Open frame sets kept (memory bound; the oldest is dropped)."),
+    "sync.joint_capacity": (int, 2, 100000, True, 1000,
+                            "Joint state samples buffered per arm."),
+    "keyframes.capacity": (int, 1, 10000, True, 32,
+                           "Most keyframes kept for calibration (memory bound)."),
+    "keyframes.min_joint_distance": (float, 1e-6, 100.0, True, 0.05,
+                                     "Joint-space distance for a new keyframe (rad)."),
+    "keyframes.min_view_distance": (float, 0.0, 1.0, True, 0.0,
+                                    "View change for a new keyframe (grey levels in [0, 1]; "
+                                    "0 = views ignored)."),
+    "worker.queue_capacity": (int, 1, 1024, True, 8,
+                              "Frame sets waiting for the worker (memory bound; oldest "
+                              "dropped and counted)."),
+}
+
+
 class CalibrationNode(Node):
-    """Declares parameters, wires the inputs and reports what it receives."""
+    """Declares parameters, converts inputs, and publishes the current estimate."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(NODE_NAME, **kwargs)
         self._lock = threading.Lock()
+        self._warned: dict[str, float] = {}
         self._declare_parameters()
+        bad = [r for p in self.get_parameters([*_NUMERIC, "image_transport"])
+               if (r := self._check_parameter(p.name, p.value)) is not None]
+        if bad:
+            raise RealsimError("; ".join(bad))
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
+        self.cameras = list(self.get_parameter("cameras").value)
+        self.arms = list(self.get_parameter("arms").value)
+        self.rig = load_rig(self.get_parameter("rig_file").value)
+        self._rig_intrinsics = {}
+        for cam in self.cameras:
+            spec = self.rig.camera(cam)  # RealsimError naming the camera if unknown
+            self._rig_intrinsics[cam] = spec.intrinsics
+        rig_arms = {a.name: a for a in self.rig.arms}
+        unknown = [a for a in self.arms if a not in rig_arms]
+        if unknown:
+            raise RealsimError(f"arms {unknown} are not in the rig file (rig has "
+                               f"{sorted(rig_arms)})")
+        self._arm_joints = {a: rig_arms[a].ros_joint_names for a in self.arms}
+        self._known_joint_names = {
+            a: set(self._arm_joints[a]) | set(defaults.JOINT_NAMES) for a in self.arms
+        }
+
+        # calibration state: nominal, resumed file, estimator
+        self.nominal = nominal_calibration(self.rig)
+        self.store = CalibrationStore(self.get_parameter("output_dir").value)
+        start = None
+        if self.get_parameter("resume").value:
+            start, line = self.store.load(self.nominal)
+            if self.store.corrupt:
+                self.get_logger().error(line)
+            elif start is not None and start.metrics.get("saved_from") == "nominal":
+                self.get_logger().info(f"{self.store.path} holds the nominal; starting from "
+                                       "the rig file's nominal")
+                start = None
+            elif line:
+                self.get_logger().info(line)
+        self.source = "resumed" if start is not None else "nominal"
+        factory = self._estimator_factory()
+        p = self.get_parameter
+        options = SyncOptions(
+            image_tolerance_ms=p("sync.image_tolerance_ms").value,
+            joint_tolerance_ms=p("sync.joint_tolerance_ms").value,
+            max_latency_ms=p("sync.max_latency_ms").value,
+            min_cameras=min(p("sync.min_cameras").value, len(self.cameras)),
+            max_pending=p("sync.max_pending").value,
+            joint_capacity=p("sync.joint_capacity").value,
+            keyframe_capacity=p("keyframes.capacity").value,
+            keyframe_min_joint_distance=p("keyframes.min_joint_distance").value,
+            keyframe_min_view_distance=p("keyframes.min_view_distance").value,
+            queue_capacity=p("worker.queue_capacity").value,
+        )
+        self.calibrator = OnlineCalibrator(
+            self.cameras, self._arm_joints, self.nominal, start, factory, options
+        )
+        self._saved_version = self.calibrator.version
+        self._offsets = dict(self.calibrator.current.joint_offsets)
+        self._offsets_version = self.calibrator.version
+        self._tf_version = -1
+        self._info: dict[str, object] = {}  # camera -> CameraIntrinsics from camera_info
+        self._used_intrinsics: dict[str, object] = {}
+        self._rejected: dict[str, int] = {}
+
+        # inputs
         self._counters: dict[str, _TopicCounter] = {}
         self._subs = []
         transport = self.get_parameter("image_transport").value
-        for cam in self.get_parameter("cameras").value:
+        for cam in self.cameras:
             image_topic = self.get_parameter(f"{cam}.image_topic").value
-            info_topic = self.get_parameter(f"{cam}.info_topic").value
             if transport == "compressed":
-                image_topic = image_topic.rstrip("/") + "/compressed"
-                self._subscribe(f"{cam}/image", CompressedImage, image_topic)
+                self._subscribe(f"{cam}/image", CompressedImage,
+                                image_topic.rstrip("/") + "/compressed",
+                                lambda m, c=cam: self._on_image(c, m, compressed=True))
             else:
-                self._subscribe(f"{cam}/image", Image, image_topic)
-            self._subscribe(f"{cam}/camera_info", CameraInfo, info_topic)
-        for arm in self.get_parameter("arms").value:
-            topic = self.get_parameter(f"{arm}.joint_states_topic").value
-            self._subscribe(f"{arm}/joint_states", JointState, topic)
+                self._subscribe(f"{cam}/image", Image, image_topic,
+                                lambda m, c=cam: self._on_image(c, m, compressed=False))
+            self._subscribe(f"{cam}/camera_info", CameraInfo,
+                            self.get_parameter(f"{cam}.info_topic").value,
+                            lambda m, c=cam: self._on_camera_info(c, m))
+            mask_topic = self.get_parameter(f"{cam}.mask_topic").value
+            if mask_topic:
+                self._subscribe(f"{cam}/mask", Image, mask_topic,
+                                lambda m, c=cam: self._on_mask(c, m), optional=True)
+        self._joint_pubs = {}
+        for arm in self.arms:
+            self._joint_pubs[arm] = self.create_publisher(
+                JointState, f"~/{arm}/joint_states", qos_profile_sensor_data)
+            self._subscribe(f"{arm}/joint_states", JointState,
+                            self.get_parameter(f"{arm}.joint_states_topic").value,
+                            lambda m, a=arm: self._on_joint_state(a, m))
 
+        # outputs
+        latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                             reliability=ReliabilityPolicy.RELIABLE)
+        self._tf_pub = self.create_publisher(TFMessage, "/tf_static", latched)
+        self._offsets_pub = self.create_publisher(JointState, "~/joint_offsets", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_service(Trigger, "~/save", self._srv_save)
+        self.create_service(Trigger, "~/reset", self._srv_reset)
+        self.create_service(SetBool, "~/freeze", self._srv_freeze)
+        # steady timers: they run before /clock arrives and through sim-time jumps
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         rate = self.get_parameter("diagnostics_rate_hz").value
-        self._diag_timer = self.create_timer(1.0 / rate, self._publish_diagnostics)
+        self._diag_timer = self.create_timer(1.0 / rate, self._publish_diagnostics,
+                                             clock=self._steady)
+        self._pub_timer = None
+        self._make_publish_timer(self.get_parameter("publish_rate_hz").value)
         self._started = time.monotonic()
+        self.calibrator.start()
+        self._publish_outputs()
         self.get_logger().info(
-            f"listening to {len(self._counters)} topics; diagnostics at {rate:g} Hz "
-            f"(rig: {self.get_parameter('rig_file').value})"
+            f"listening to {len(self._counters)} topics; state: "
+            f"{self.calibrator.estimator.state}; start: {self.source}; diagnostics at "
+            f"{rate:g} Hz (rig: {self.get_parameter('rig_file').value})"
         )
 
     # ------------------------------------------------------------------ parameters
@@ -91,13 +243,25 @@ class CalibrationNode(Node):
             desc("Where calibration.yaml and meshes are written (~ expanded).", read_only=True),
         )
         self.declare_parameter(
-            "cameras", list(defaults.CAMERAS),
-            desc("Camera names; each has <name>.image_topic and <name>.info_topic.",
+            "resume", True,
+            desc("Start from <output_dir>/calibration.yaml when it is present and valid.",
                  read_only=True),
         )
         self.declare_parameter(
+            "estimator", "",
+            desc("Calibration engine as 'module:factory', factory(rig, start) -> Estimator "
+                 "(realsim_core.online); empty = nominal only (engine not available).",
+                 read_only=True),
+        )
+        self.declare_parameter(
+            "cameras", list(defaults.CAMERAS),
+            desc("Camera names (must be in the rig file); each has <name>.image_topic, "
+                 "<name>.info_topic and <name>.mask_topic.", read_only=True),
+        )
+        self.declare_parameter(
             "arms", list(defaults.ARMS),
-            desc("Arm names; each has <name>.joint_states_topic.", read_only=True),
+            desc("Arm names (must be in the rig file); each has <name>.joint_states_topic.",
+                 read_only=True),
         )
         self.declare_parameter(
             "image_transport", "raw",
@@ -113,50 +277,110 @@ class CalibrationNode(Node):
                 f"{cam}.info_topic", defaults.info_topic(cam),
                 desc(f"camera_info topic of {cam}.", read_only=True),
             )
+            self.declare_parameter(
+                f"{cam}.mask_topic", f"/{cam}/object_mask",
+                desc(f"Optional object mask topic of {cam} (mono8); empty = none.",
+                     read_only=True),
+            )
         for arm in self.get_parameter("arms").value:
             self.declare_parameter(
                 f"{arm}.joint_states_topic", f"/{arm}/joint_states",
                 desc(f"sensor_msgs/JointState topic of {arm}.", read_only=True),
             )
-        rate_range = FloatingPointRange(from_value=0.1, to_value=50.0, step=0.0)
-        self.declare_parameter(
-            "diagnostics_rate_hz", 1.0,
-            desc("Rate of /diagnostics (Hz).", read_only=True,
-                 floating_point_range=[rate_range], type=ParameterType.PARAMETER_DOUBLE),
-        )
-        self.declare_parameter(
-            "publish_rate_hz", 5.0,
-            desc("Rate at which calibration outputs are republished (Hz).",
-                 floating_point_range=[rate_range], type=ParameterType.PARAMETER_DOUBLE),
-        )
-        self.declare_parameter(
-            "silent_after_s", 3.0,
-            desc("An input with no message for this long is reported as silent (s).",
-                 type=ParameterType.PARAMETER_DOUBLE),
-        )
-        transport = self.get_parameter("image_transport").value
-        if transport not in ("raw", "compressed"):
-            raise ValueError(f"image_transport must be 'raw' or 'compressed', got {transport!r}")
+        for name, (typ, lo, hi, ro, default, text) in _NUMERIC.items():
+            if typ is float:
+                rng = {"floating_point_range": [FloatingPointRange(
+                    from_value=float(lo), to_value=float(hi), step=0.0)],
+                    "type": ParameterType.PARAMETER_DOUBLE}
+            else:
+                rng = {"integer_range": [IntegerRange(from_value=lo, to_value=hi, step=1)],
+                       "type": ParameterType.PARAMETER_INTEGER}
+            self.declare_parameter(name, default, desc(text, read_only=ro, **rng))
+
+    @staticmethod
+    def _check_parameter(name: str, value) -> str | None:
+        """Why `value` is not acceptable for `name` (None if it is)."""
+        if name == "image_transport" and value not in ("raw", "compressed"):
+            return f"image_transport must be 'raw' or 'compressed', got {value!r}"
+        spec = _NUMERIC.get(name)
+        if spec is None:
+            return None
+        typ, lo, hi = spec[:3]
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            return f"{name} must be a {typ.__name__}, got {value!r}"
+        if not (lo <= value <= hi) or (typ is float and not math.isfinite(value)):
+            return f"{name} must be in [{lo:g}, {hi:g}], got {value!r}"
+        return None
 
     def _on_set_parameters(self, params) -> SetParametersResult:
         for p in params:
+            why = self._check_parameter(p.name, p.value)
+            if why is not None:
+                return SetParametersResult(successful=False, reason=why)
+        for p in params:
             if p.name == "publish_rate_hz":
-                if not isinstance(p.value, float) or not (0.1 <= p.value <= 50.0):
-                    return SetParametersResult(
-                        successful=False, reason=f"{p.name} must be a float in [0.1, 50] Hz"
-                    )
-            if p.name == "silent_after_s" and (not isinstance(p.value, float) or p.value <= 0):
-                return SetParametersResult(successful=False, reason="silent_after_s must be > 0")
+                self._make_publish_timer(float(p.value))
+            elif p.name == "sync.image_tolerance_ms":
+                self.calibrator.set_tolerances(image_ms=float(p.value))
+            elif p.name == "sync.joint_tolerance_ms":
+                self.calibrator.set_tolerances(joint_ms=float(p.value))
+            elif p.name == "sync.max_latency_ms":
+                self.calibrator.set_tolerances(max_latency_ms=float(p.value))
         return SetParametersResult(successful=True)
 
+    def _make_publish_timer(self, rate: float) -> None:
+        if not hasattr(self, "_steady"):
+            return  # during construction; created once the outputs exist
+        if self._pub_timer is not None:
+            self.destroy_timer(self._pub_timer)
+        self._pub_timer = self.create_timer(1.0 / rate, self._publish_outputs,
+                                            clock=self._steady)
+
+    def _estimator_factory(self):
+        spec = self.get_parameter("estimator").value
+        if not spec:
+            return None
+        try:
+            module, _, attr = spec.partition(":")
+            make = getattr(importlib.import_module(module), attr or "make_estimator")
+        except (ImportError, AttributeError) as exc:
+            self.get_logger().error(
+                f"estimator {spec!r} not available ({exc}); publishing the nominal calibration")
+            return None
+        rig = self.rig
+        return lambda start: make(rig, start)
+
+    # ------------------------------------------------------------------ logging
+    def _warn(self, key: str, text: str, error: bool = False) -> None:
+        """Log `text` once per WARN_PERIOD_S for each problem `key`."""
+        now = time.monotonic()
+        last = self._warned.get(key)
+        if last is not None and now - last < WARN_PERIOD_S:
+            return
+        self._warned[key] = now
+        (self.get_logger().error if error else self.get_logger().warning)(text)
+
+    def _reject(self, key: str, text: str) -> None:
+        self._rejected[key] = self._rejected.get(key, 0) + 1
+        self._warn(key, text)
+
     # ------------------------------------------------------------------ inputs
-    def _subscribe(self, key: str, msg_type, topic: str) -> None:
-        counter = _TopicCounter(topic)
+    def _subscribe(self, key, msg_type, topic, handler, optional: bool = False) -> None:
+        counter = _TopicCounter(topic, optional)
         self._counters[key] = counter
 
-        def callback(_msg, counter=counter) -> None:
-            with self._lock:
-                counter.tick()
+        def callback(msg, counter=counter) -> None:
+            counter.tick()
+            stamp = getattr(msg, "header", None)
+            if stamp is not None:
+                counter.last_stamp_ns = conv.stamp_to_ns(msg.header.stamp)
+            try:
+                handler(msg)
+            except Exception as exc:  # never let one bad message take the node down
+                self._reject(f"{key}/error", f"{key}: message dropped: "
+                             f"{type(exc).__name__}: {exc}")
 
         self._subs.append(
             self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
@@ -164,49 +388,245 @@ class CalibrationNode(Node):
 
     def counts(self) -> dict[str, int]:
         """Messages received so far, by input key (e.g. `cam_high/image`)."""
-        with self._lock:
-            return {k: c.count for k, c in self._counters.items()}
+        return {k: c.count for k, c in self._counters.items()}
+
+    def _on_image(self, cam: str, msg, compressed: bool) -> None:
+        try:
+            sample = conv.compressed_to_sample(msg) if compressed else conv.image_to_sample(msg)
+        except RealsimError as exc:
+            self._reject(f"{cam}/image/undecodable", f"{cam}: image dropped: {exc}")
+            return
+        h, w = sample.rgb.shape[:2]
+        intr = self._intrinsics_for(cam, w, h)
+        if intr is None:
+            return
+        status = self.calibrator.add_image(cam, sample)
+        if status != ACCEPTED:
+            self._warn(f"{cam}/image/{status}",
+                       f"{cam}: image at {sample.stamp_ns} ns {status.replace('_', ' ')}"
+                       f" ({self.calibrator.assembler.last_message or 'see /diagnostics'})")
+
+    def _intrinsics_for(self, cam: str, w: int, h: int):
+        """Intrinsics for a w x h image of `cam` (None: the image must be dropped)."""
+        info = self._info.get(cam)
+        if info is None:
+            base = self._rig_intrinsics[cam]
+            if base is None:
+                self._reject(f"{cam}/image/no_intrinsics",
+                             f"{cam}: no camera_info and no intrinsics in the rig file; "
+                             "images dropped until camera_info arrives")
+                return None
+            self._warn(f"{cam}/no_camera_info",
+                       f"{cam}: no camera_info on "
+                       f"{self.get_parameter(f'{cam}.info_topic').value}; using the rig "
+                       f"file's intrinsics ({base.width}x{base.height})")
+            source = "rig"
+        else:
+            base, source = info, "camera_info"
+        if (base.width, base.height) != (w, h):
+            if abs(w / h - base.width / base.height) > ASPECT_TOLERANCE * (w / h):
+                self._reject(f"{cam}/image/size_mismatch",
+                             f"{cam}: image {w}x{h} does not match the {source} size "
+                             f"{base.width}x{base.height} (aspect differs); images dropped")
+                return None
+            self._warn(f"{cam}/rescaled",
+                       f"{cam}: image {w}x{h} != {source} {base.width}x{base.height}; "
+                       "intrinsics rescaled to the image")
+            base = base.scaled(w, h)
+        if self._used_intrinsics.get(cam) != base:
+            self._used_intrinsics[cam] = base
+            self.calibrator.set_intrinsics(cam, base)
+        return base
+
+    def _on_camera_info(self, cam: str, msg) -> None:
+        try:
+            intr = conv.camera_info_to_intrinsics(msg)
+        except RealsimError as exc:
+            self._reject(f"{cam}/camera_info/invalid", f"{cam}: camera_info ignored: {exc}")
+            return
+        if self._info.get(cam) != intr:
+            if cam in self._info:
+                self._warn(f"{cam}/camera_info_changed",
+                           f"{cam}: camera_info changed to {intr.width}x{intr.height} "
+                           f"fx={intr.fx:g}")
+            self._info[cam] = intr
+
+    def _on_mask(self, cam: str, msg) -> None:
+        try:
+            mask = conv.mask_to_array(msg)
+        except RealsimError as exc:
+            self._reject(f"{cam}/mask/undecodable", f"{cam}: mask dropped: {exc}")
+            return
+        self.calibrator.add_mask(cam, conv.stamp_to_ns(msg.header.stamp), mask)
+
+    def _on_joint_state(self, arm: str, msg) -> None:
+        unknown = [n for n in msg.name if n not in self._known_joint_names[arm]]
+        if unknown:
+            self._warn(f"{arm}/unknown_joints",
+                       f"{arm}: joint_states name unknown joints {unknown} (ignored)")
+        status = self.calibrator.add_joint_state(arm, conv.joint_state_to_sample(msg))
+        if status == RESET:
+            self._warn(f"{arm}/clock_reset",
+                       f"{arm}: {self.calibrator.assembler.last_message}")
+        elif status == DUPLICATE:
+            self._warn(f"{arm}/duplicate", f"{arm}: duplicate joint_states stamp ignored")
+        elif status != ACCEPTED:
+            self._rejected[f"{arm}/{status}"] = self._rejected.get(f"{arm}/{status}", 0) + 1
+            self._warn(f"{arm}/{status}",
+                       f"{arm}: joint_states not used for sync: "
+                       f"{self.calibrator.assembler.buffers[arm].last_message}")
+        version = self.calibrator.version
+        if version != self._offsets_version:
+            self._offsets = dict(self.calibrator.current.joint_offsets)
+            self._offsets_version = version
+        out = conv.corrected_joint_state(msg, arm, self._offsets)
+        if out is None:
+            self._rejected[f"{arm}/not_republished"] = (
+                self._rejected.get(f"{arm}/not_republished", 0) + 1)
+            return
+        self._joint_pubs[arm].publish(out)
 
     # ------------------------------------------------------------------ outputs
+    def _publish_outputs(self) -> None:
+        cal = self.calibrator.current
+        version = self.calibrator.version
+        stamp = self.get_clock().now().to_msg()
+        if version != self._tf_version:
+            self._tf_pub.publish(TFMessage(transforms=conv.calibration_to_transforms(cal, stamp)))
+            self._tf_version = version
+        self._offsets_pub.publish(conv.offsets_to_joint_state(cal.joint_offsets, stamp))
+
+    def state(self) -> str:
+        """What /diagnostics says the calibration is doing."""
+        s = self.calibrator.estimator.state
+        return f"{s}, frozen" if self.calibrator.frozen else s
+
     def _publish_diagnostics(self) -> None:
         now = time.monotonic()
         silent_after = self.get_parameter("silent_after_s").value
-        with self._lock:
-            items = [(k, c.topic, c.count, now - c.last_rx) for k, c in self._counters.items()]
-        silent = [k for k, _, n, age in items if n == 0 or age > silent_after]
+        items = [(k, c) for k, c in self._counters.items()]
+        silent = [k for k, c in items
+                  if not c.optional and (c.count == 0 or now - c.last_rx > silent_after)]
+        required = [k for k, c in items if not c.optional]
         status = DiagnosticStatus()
         status.name = f"{self.get_name()}: inputs"
         status.hardware_id = "aloha2"
         if not silent:
             status.level, status.message = DiagnosticStatus.OK, "receiving all inputs"
-        elif len(silent) == len(items):
+        elif len(silent) == len(required):
             status.level, status.message = DiagnosticStatus.WARN, "waiting for data"
         else:
             status.level = DiagnosticStatus.WARN
             status.message = f"silent: {', '.join(sorted(silent))}"
-        status.values = [KeyValue(key="state", value="collecting")]
-        status.values += [KeyValue(key=f"received/{k}", value=str(n)) for k, _, n, _ in items]
-        status.values.append(KeyValue(key="uptime_s", value=f"{now - self._started:.1f}"))
+        kv = [KeyValue(key="state", value=self.state())]
+        kv += [KeyValue(key=f"received/{k}", value=str(c.count)) for k, c in items]
+        kv += [KeyValue(key=f"last_stamp_ns/{k}", value=str(c.last_stamp_ns))
+               for k, c in items if c.count]
+        kv += [KeyValue(key=f"rejected/{k}", value=str(n))
+               for k, n in sorted(self._rejected.items())]
+        kv.append(KeyValue(key="uptime_s", value=f"{now - self._started:.1f}"))
+        status.values = kv
+
+        calib = DiagnosticStatus()
+        calib.name = f"{self.get_name()}: calibration"
+        calib.hardware_id = "aloha2"
+        est = self.calibrator.estimator
+        snap = self.calibrator.snapshot()
+        if self.calibrator.worker_error:
+            calib.level = DiagnosticStatus.WARN
+            calib.message = self.calibrator.worker_error
+        elif not est.is_calibration and self.source == "nominal":
+            calib.level, calib.message = DiagnosticStatus.WARN, self.state()
+        else:
+            calib.level, calib.message = DiagnosticStatus.OK, self.state()
+        ckv = [
+            KeyValue(key="state", value=self.state()),
+            KeyValue(key="start", value=self.source),
+            KeyValue(key="frozen", value=str(self.calibrator.frozen).lower()),
+            KeyValue(key="estimate_version", value=str(self.calibrator.version)),
+            KeyValue(key="frames_assembled", value=str(snap.get("sync/assembled", 0))),
+            KeyValue(key="keyframes", value=str(snap.get("keyframes/kept", 0))),
+        ]
+        ckv += [KeyValue(key=k, value=str(v)) for k, v in sorted(snap.items())]
+        ckv += [KeyValue(key=f"metrics/{k}", value=f"{v:g}")
+                for k, v in sorted(est.metrics().items())]
+        calib.values = ckv
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [status]
+        msg.status = [status, calib]
         self._diag_pub.publish(msg)
+
+    # ------------------------------------------------------------------ services
+    def save(self) -> str:
+        """Write the current estimate to `<output_dir>/calibration.yaml`; returns a summary."""
+        cal = self.calibrator.current
+        version = self.calibrator.version
+        kind = "calibration" if (self.calibrator.estimator.is_calibration
+                                 or self.source == "resumed") else "nominal calibration"
+        from dataclasses import replace
+
+        metrics = {**cal.metrics, "saved_from": cal.metrics.get("source", "nominal"),
+                   "frames": int(self.calibrator.snapshot().get("sync/assembled", 0))}
+        path = self.store.save(replace(cal, metrics=metrics))
+        self._saved_version = version
+        return f"saved {kind} to {path}"
+
+    def _srv_save(self, _req, resp):
+        try:
+            resp.message = self.save()
+            resp.success = True
+        except (OSError, RealsimError) as exc:
+            resp.success, resp.message = False, f"save failed: {exc}"
+        self.get_logger().info(resp.message)
+        return resp
+
+    def _srv_reset(self, _req, resp):
+        self.calibrator.reset()
+        self.source = "nominal"
+        self._publish_outputs()
+        resp.success, resp.message = True, "reset to the nominal calibration"
+        self.get_logger().info(resp.message)
+        return resp
+
+    def _srv_freeze(self, req, resp):
+        self.calibrator.set_frozen(req.data)
+        resp.success = True
+        resp.message = "frozen: estimate no longer updated" if req.data else "updating"
+        self.get_logger().info(resp.message)
+        return resp
+
+    def shutdown(self) -> None:
+        """Stop the worker and save when the estimate changed since start / last save."""
+        self.calibrator.stop()
+        if self.calibrator.version != self._saved_version:
+            try:
+                line = self.save()
+                print(f"[realsim] {line} (shutdown)", file=sys.stderr)
+            except (OSError, RealsimError) as exc:
+                print(f"[realsim] save on shutdown failed: {exc}", file=sys.stderr)
 
 
 def main(args=None) -> None:
     """Entry point of `calibration_node` / `ros2 run realsim_ros calibration_node`."""
     rclpy.init(args=args)
     node = None
+    rc = 0
     try:
         node = CalibrationNode()
         rclpy.spin(node)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except (RealsimError, ParameterException, InvalidParameterValueException) as exc:
+        print(f"realsim node: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        rc = 1
     finally:
         if node is not None:
+            node.shutdown()
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
+    if rc:
+        sys.exit(rc)
 
 
 if __name__ == "__main__":
