@@ -171,3 +171,97 @@ def test_tf_message_round_trips_between_processes(tmp_path):
     assert t.header.frame_id == "left/gripper_base"
     assert (t.transform.translation.x, t.transform.translation.y) == (0.125, -0.5)
     assert (t.transform.rotation.z, t.transform.rotation.w) == (0.6, 0.8)
+
+
+def _write_saved_calibration(out_dir, offsets: dict[str, float], shift_m: float):
+    """A valid calibration.yaml: the rig's nominal with cam_high shifted in x and offsets."""
+    from dataclasses import replace
+
+    from realsim_core.calibration_io import write_calibration
+    from realsim_core.online import nominal_calibration
+    from realsim_core.rig import load_rig
+
+    nominal = nominal_calibration(load_rig("builtin:aloha2", check_model=False))
+    cams = dict(nominal.cameras)
+    pose = cams["cam_high"].pose.copy()
+    pose[0, 3] += shift_m
+    cams["cam_high"] = replace(cams["cam_high"], pose=pose)
+    cal = replace(nominal, cameras=cams,
+                  joint_offsets={**nominal.joint_offsets, **offsets}, metrics={})
+    write_calibration(out_dir / "calibration.yaml", cal)
+    return nominal, cal
+
+
+def test_data_path_outputs_and_services(rcl_node, tmp_path):
+    """Resume -> frames assembled -> TF, offsets, corrected joints -> freeze/reset/save."""
+    import numpy as np
+    from node_probe import ARMS, CAMERAS, Probe, arm_positions
+    from realsim_ros.conversions import stamp_to_ns, transform_to_pose
+    from std_srvs.srv import SetBool, Trigger
+
+    from realsim_core.calibration_io import read_calibration
+
+    out = tmp_path / "out"
+    offsets = {"follower_left/waist": 0.01, "follower_right/gripper": -0.002}
+    nominal, saved = _write_saved_calibration(out, offsets, shift_m=0.02)
+    proc = start_node("-p", f"output_dir:={out}")
+    probe = Probe("data_path_probe")
+    n_frames = 8
+    try:
+        probe.wait_ready(proc)
+        assert probe.diag()["start"] == "resumed"
+        # /tf_static (transient local): every camera, from the resumed file
+        assert probe.spin_until(lambda: bool(probe.tf))
+        tfs = {t.child_frame_id: t for t in probe.tf[-1].transforms}
+        assert set(tfs) == {f"{c}_color_optical_frame" for c in CAMERAS}
+        for cam in CAMERAS:
+            t = tfs[f"{cam}_color_optical_frame"]
+            assert t.header.frame_id == saved.cameras[cam].parent_frame
+            np.testing.assert_allclose(transform_to_pose(t), saved.cameras[cam].pose, atol=1e-9)
+
+        probe.send_infos()
+        stamps = [probe.send_frame(i) for i in range(n_frames)]
+        assert probe.wait_diag("frames_assembled", lambda n: n == n_frames), probe.diag()
+        assert probe.wait_diag("keyframes", lambda n: n == n_frames), probe.diag()
+        for arm in ARMS:  # every input republished, same stamp, offsets added
+            assert probe.spin_until(lambda a=arm: len(probe.corrected[a]) == n_frames)
+            got = probe.corrected[arm]
+            assert [stamp_to_ns(m.header.stamp) for m in got] == stamps
+            for i, m in enumerate(got):
+                want = np.array(arm_positions(i, arm))
+                for j, name in enumerate(m.name):
+                    want[j] += offsets.get(f"{arm}/{name}", 0.0)
+                np.testing.assert_allclose(m.position, want, atol=1e-12)
+        assert probe.spin_until(lambda: bool(probe.offsets))
+        off = dict(zip(probe.offsets[-1].name, probe.offsets[-1].position))
+        assert off == saved.joint_offsets
+        d = probe.diag()
+        assert d["received/cam_low/image"] == str(n_frames)
+        assert int(d["last_stamp_ns/cam_high/image"]) == stamps[-1]
+
+        # freeze: reported, publishing continues
+        assert probe.call(SetBool, "/realsim/freeze", SetBool.Request(data=True)).success
+        assert probe.spin_until(lambda: probe.diag().get("frozen") == "true")
+        n_off = len(probe.offsets)
+        assert probe.spin_until(lambda: len(probe.offsets) > n_off + 2)
+        assert probe.call(SetBool, "/realsim/freeze", SetBool.Request(data=False)).success
+
+        # reset: back to nominal outputs
+        assert probe.call(Trigger, "/realsim/reset", Trigger.Request()).success
+        assert probe.spin_until(lambda: all(v == 0.0 for v in probe.offsets[-1].position))
+        assert probe.spin_until(lambda: np.allclose(transform_to_pose(
+            {t.child_frame_id: t for t in probe.tf[-1].transforms}[
+                "cam_high_color_optical_frame"]), nominal.cameras["cam_high"].pose))
+
+        # save: atomically written, nominal now, and said so
+        res = probe.call(Trigger, "/realsim/save", Trigger.Request())
+        assert res.success and "nominal" in res.message, res.message
+        back = read_calibration(out / "calibration.yaml")
+        assert all(v == 0.0 for v in back.joint_offsets.values())
+        np.testing.assert_allclose(back.cameras["cam_high"].pose, nominal.cameras["cam_high"].pose)
+        assert proc.poll() is None
+    finally:
+        probe.destroy()
+        rc, _, err = stop_process(proc)
+    assert rc == 0, err
+    assert "Traceback" not in err

@@ -199,7 +199,7 @@ class CalibrationNode(Node):
         self._joint_pubs = {}
         for arm in self.arms:
             self._joint_pubs[arm] = self.create_publisher(
-                JointState, f"~/{arm}/joint_states", qos_profile_sensor_data)
+                JointState, f"~/{arm}/joint_states", 10)  # reliable: matches any reader
             self._subscribe(f"{arm}/joint_states", JointState,
                             self.get_parameter(f"{arm}.joint_states_topic").value,
                             lambda m, a=arm: self._on_joint_state(a, m))
