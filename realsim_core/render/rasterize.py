@@ -81,6 +81,7 @@ class Projected(NamedTuple):
     depth: jax.Array  # [N] view z, metres
     extent: jax.Array  # [N, 2] half-size of the alpha >= 1/255 box (u, v), pixels
     valid: jax.Array  # [N] bool: in front of the near plane, non-degenerate, visible opacity
+    k2: jax.Array  # [N] support radius^2 in Mahalanobis units: alpha >= 1/255 iff q <= k2
 
 
 def covariance_from_quat_scale(quats, scales):
@@ -121,10 +122,11 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
     mean2d = jnp.stack([intr.fx * x / zs + intr.cx, intr.fy * y / zs + intr.cy], -1)
     # alpha = o exp(-q/2) >= 1/255  <=>  q <= 2 ln(255 o) = k^2; box half-size k sqrt(Sigma_ii)
     k2 = 2.0 * jnp.log(jnp.maximum(opacities, ALPHA_MIN) / ALPHA_MIN)
-    k = jnp.sqrt(jnp.maximum(k2, 0.0)) * (1.0 + _BOUND_MARGIN)
+    k2 = jax.lax.stop_gradient(jnp.maximum(k2, 0.0) * (1.0 + _BOUND_MARGIN) ** 2)
+    k = jnp.sqrt(k2)
     extent = jax.lax.stop_gradient(
         k[:, None] * jnp.sqrt(jnp.maximum(jnp.stack([a, c], -1), 0.0)) + _BOUND_MARGIN)
-    return Projected(mean2d, conic, z, extent, ok)
+    return Projected(mean2d, conic, z, extent, ok, k2)
 
 
 class _Bins(NamedTuple):
@@ -133,6 +135,33 @@ class _Bins(NamedTuple):
     n_overflow_tiles: jax.Array
     n_dropped_pairs: jax.Array
     max_tile_count: jax.Array
+
+
+def _ellipse_hits_rect(mean, conic, k2, x0, y0, size):
+    """Whether {d: d^T Q d <= k2} around `mean` meets [x0, x0+size] x [y0, y0+size].
+
+    mean: [E, 2]; conic: [E, 3] (A, B, C) of Q = [[A, B], [B, C]]; k2, x0, y0: [E].
+    Exact: 0 if the centre is inside, else the minimum of the quadratic over the 4 edges.
+    """
+    ca, cb, cc = conic[:, 0], conic[:, 1], conic[:, 2]
+    lx, hx = x0 - mean[:, 0], x0 + size - mean[:, 0]
+    ly, hy = y0 - mean[:, 1], y0 + size - mean[:, 1]
+    inside = (lx <= 0) & (hx >= 0) & (ly <= 0) & (hy >= 0)
+
+    def q(dx, dy):
+        return ca * dx * dx + 2.0 * cb * dx * dy + cc * dy * dy
+
+    def vertical_edge(dx):  # x fixed, minimise over dy in [ly, hy]
+        dy = jnp.clip(-cb * dx / cc, ly, hy)
+        return q(dx, dy)
+
+    def horizontal_edge(dy):
+        dx = jnp.clip(-cb * dy / ca, lx, hx)
+        return q(dx, dy)
+
+    qmin = jnp.minimum(jnp.minimum(vertical_edge(lx), vertical_edge(hx)),
+                       jnp.minimum(horizontal_edge(ly), horizontal_edge(hy)))
+    return inside | (qmin <= k2)
 
 
 def _bin(proj: Projected, ntx: int, nty: int, tile: int, capacity: int, max_pairs: int):
@@ -161,17 +190,22 @@ def _bin(proj: Projected, ntx: int, nty: int, tile: int, capacity: int, max_pair
     total = ends[-1]
     starts = ends - count_s
     e = jnp.arange(max_pairs, dtype=jnp.int32)
-    rank = jnp.searchsorted(ends, e, side="right", method="sort").astype(jnp.int32)
+    rank = jnp.searchsorted(ends, e, side="right").astype(jnp.int32)
     rank_c = jnp.minimum(rank, n - 1)
     g = order[rank_c]
     local = e - starts[rank_c]
     lxg = jnp.maximum(lx[g], 1)
     tile_id = (ty0[g] + local // lxg) * ntx + tx0[g] + local % lxg
+    # exact ellipse-rectangle test: min over the tile of the Mahalanobis distance q <= k^2
+    tyi, txi = jnp.divmod(tile_id, ntx)
+    hit = _ellipse_hits_rect(mean2d[g], jax.lax.stop_gradient(proj.conic[g]), proj.k2[g],
+                             (txi * tile).astype(mean2d.dtype), (tyi * tile).astype(mean2d.dtype),
+                             tile - 1.0)
     sentinel = n_tiles * n
-    keys = jnp.where(e < total, tile_id * n + rank_c, sentinel)
+    keys = jnp.where((e < total) & hit, tile_id * n + rank_c, sentinel)
     keys = jnp.sort(keys)
     bounds = jnp.arange(n_tiles + 1, dtype=jnp.int32) * n
-    pos = jnp.searchsorted(keys, bounds, side="left", method="sort").astype(jnp.int32)
+    pos = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
     tstart, tcount = pos[:-1], pos[1:] - pos[:-1]
     slot = jnp.arange(capacity, dtype=jnp.int32)
     idx = jnp.minimum(tstart[:, None] + slot[None, :], max_pairs - 1)
@@ -206,89 +240,127 @@ def _alpha(u, v, mx, my, ca, cb, cc, op):
     return dx, dy, gval, raw, a, valid
 
 
+def _fwd_chunk(u, v, mx, my, ca, cb, cc, op, feat):
+    """Forward compositing of a chunk of tiles.
+
+    u, v: [Tc, P]; mx..op: [K, Tc]; feat: [K, Tc, C]. Returns out [Tc, P, C], final
+    transmittance [Tc, P], and the slot index at which each pixel terminated (K if not).
+    """
+    n_k = op.shape[0]
+
+    def body(carry, x):
+        trans, done, nstop, out = carry
+        kmx, kmy, kca, kcb, kcc, kop, kf, k = x
+        _, _, _, _, a, valid = _alpha(u, v, kmx, kmy, kca, kcb, kcc, kop)
+        test = trans * (1.0 - a)
+        live = valid & ~done
+        stop = live & (test < T_MIN)
+        keep = live & ~stop
+        w = jnp.where(keep, a * trans, 0.0)
+        out = out + w[..., None] * kf[:, None, :]
+        trans = jnp.where(keep, test, trans)
+        nstop = jnp.where(stop, k, nstop)
+        return (trans, done | stop, nstop, out), None
+
+    init = (jnp.ones(u.shape, u.dtype), jnp.zeros(u.shape, bool),
+            jnp.full(u.shape, n_k, jnp.int32), jnp.zeros(u.shape + feat.shape[-1:], u.dtype))
+    xs = (mx, my, ca, cb, cc, op, feat, jnp.arange(n_k, dtype=jnp.int32))
+    (trans, _, nstop, out), _ = jax.lax.scan(body, init, xs)
+    return out, trans, nstop
+
+
+def _bwd_chunk(u, v, mx, my, ca, cb, cc, op, feat, trans_f, nstop, g_out, g_trans):
+    """Backward of `_fwd_chunk` (3DGS-style, back to front).
+
+    Shapes as `_fwd_chunk` plus trans_f, nstop, g_trans [Tc, P] and g_out [Tc, P, C].
+    Returns per-slot cotangents [K, Tc] for mx, my, ca, cb, cc, op and [K, Tc, C] for feat.
+    """
+    n_k = op.shape[0]
+    g_tf = g_trans * trans_f  # dL/dT_final * T_final
+
+    def body(carry, x):
+        # trans: transmittance after this slot; g_acc: g . sum_{j > i} w_j f_j  (both [Tc, P])
+        trans, g_acc = carry
+        kmx, kmy, kca, kcb, kcc, kop, kf, k = x
+        dx, dy, gval, raw, a, valid = _alpha(u, v, kmx, kmy, kca, kcb, kcc, kop)
+        keep = valid & (k < nstop)
+        one_m = 1.0 - a
+        t_before = jnp.where(keep, trans / one_m, trans)
+        w = jnp.where(keep, a * t_before, 0.0)
+        g_dot_f = jnp.sum(g_out * kf[:, None, :], -1)
+        d_a = jnp.where(keep, t_before * g_dot_f - (g_acc + g_tf) / one_m, 0.0)
+        g_acc = g_acc + w * g_dot_f
+        d_raw = jnp.where(raw < ALPHA_MAX, d_a, 0.0)
+        d_pow = d_raw * raw
+        terms = jnp.concatenate([
+            jnp.stack([d_pow * dx * dx, d_pow * dy * dy, d_pow * dx * dy, d_pow * dx,
+                       d_pow * dy, d_raw * gval], -1),
+            w[..., None] * g_out], -1)  # [Tc, P, 6 + C]
+        red = jnp.sum(terms, 1)  # one reduction over the tile's pixels: [Tc, 6 + C]
+        d_mx = kca * red[:, 3] + kcb * red[:, 4]
+        d_my = kcc * red[:, 4] + kcb * red[:, 3]
+        grads = (d_mx, d_my, -0.5 * red[:, 0], -red[:, 2], -0.5 * red[:, 1], red[:, 5],
+                 red[:, 6:])
+        return (t_before, g_acc), grads
+
+    xs = (mx, my, ca, cb, cc, op, feat, jnp.arange(n_k, dtype=jnp.int32))
+    _, grads = jax.lax.scan(body, (trans_f, jnp.zeros_like(trans_f)), xs, reverse=True)
+    return grads
+
+
 @functools.cache
-def _make_composite(ntx: int, nty: int, tile: int):
+def _make_composite(ntx: int, nty: int, tile: int, chunk_pixels: int = 1 << 30):
     """Front-to-back compositing over slots with a custom (reverse-scan) VJP.
 
     Inputs [T, K] (mx, my, A, B, C, opacity) and feat [T, K, C]; empty slots have
     opacity 0. Returns out [T, P, C] = sum_i w_i f_i and final transmittance [T, P].
+    Tiles can be processed in chunks of `chunk_pixels` pixels (`lax.map`) to keep the scan
+    state in cache; measured slower on the 2-core dev machine, so the default is one chunk.
     """
+    n_tiles = ntx * nty
+    tc = max(1, min(n_tiles, chunk_pixels // (tile * tile)))
+    n_chunks = -(-n_tiles // tc)
+    pad = n_chunks * tc - n_tiles
 
-    def forward(mx, my, ca, cb, cc, op, feat):
-        dtype = feat.dtype
-        u, v = _pixel_grid(ntx, nty, tile, dtype)
-        n_t, n_k = op.shape
-        n_p = tile * tile
-        xs = (mx.T, my.T, ca.T, cb.T, cc.T, op.T, jnp.swapaxes(feat, 0, 1),
-              jnp.arange(n_k, dtype=jnp.int32))
+    def chunked(x):  # [T, K, ...] -> [n_chunks, K, Tc, ...] (padded tiles are empty)
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        x = x.reshape((n_chunks, tc) + x.shape[1:])
+        return jnp.swapaxes(x, 1, 2)
 
-        def body(carry, x):
-            trans, done, nstop, out = carry
-            kmx, kmy, kca, kcb, kcc, kop, kf, k = x
-            _, _, _, _, a, valid = _alpha(u, v, kmx, kmy, kca, kcb, kcc, kop)
-            test = trans * (1.0 - a)
-            live = valid & ~done
-            stop = live & (test < T_MIN)
-            keep = live & ~stop
-            w = jnp.where(keep, a * trans, 0.0)
-            out = out + w[..., None] * kf[:, None, :]
-            trans = jnp.where(keep, test, trans)
-            nstop = jnp.where(stop, k, nstop)
-            return (trans, done | stop, nstop, out), None
+    def unchunked(x):  # [n_chunks, K, Tc, ...] -> [T, K, ...]
+        x = jnp.swapaxes(x, 1, 2)
+        return x.reshape((n_chunks * tc,) + x.shape[2:])[:n_tiles]
 
-        init = (jnp.ones((n_t, n_p), dtype), jnp.zeros((n_t, n_p), bool),
-                jnp.full((n_t, n_p), n_k, jnp.int32),
-                jnp.zeros((n_t, n_p, feat.shape[-1]), dtype))
-        (trans, _, nstop, out), _ = jax.lax.scan(body, init, xs)
-        return out, trans, nstop
+    def pix_chunks(x):  # [n_chunks, Tc, ...] <-> [T, ...]
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape((n_chunks, tc) + x.shape[1:])
+
+    def unpix(x):
+        return x.reshape((n_chunks * tc,) + x.shape[2:])[:n_tiles]
+
+    def forward(*args):
+        u, v = _pixel_grid(ntx, nty, tile, args[-1].dtype)
+        xs = (pix_chunks(u), pix_chunks(v)) + tuple(chunked(a) for a in args)
+        out, trans, nstop = jax.lax.map(lambda c: _fwd_chunk(*c), xs)
+        return unpix(out), unpix(trans), unpix(nstop)
 
     @jax.custom_vjp
     def composite(mx, my, ca, cb, cc, op, feat):
         out, trans, _ = forward(mx, my, ca, cb, cc, op, feat)
         return out, trans
 
-    def fwd(mx, my, ca, cb, cc, op, feat):
-        out, trans, nstop = forward(mx, my, ca, cb, cc, op, feat)
-        return (out, trans), (mx, my, ca, cb, cc, op, feat, trans, nstop)
+    def fwd(*args):
+        out, trans, nstop = forward(*args)
+        return (out, trans), (args, trans, nstop)
 
     def bwd(res, cts):
-        mx, my, ca, cb, cc, op, feat, trans_f, nstop = res
+        args, trans_f, nstop = res
         g_out, g_trans = cts
-        dtype = feat.dtype
-        u, v = _pixel_grid(ntx, nty, tile, dtype)
-        n_k = op.shape[1]
-        g_tf = g_trans * trans_f  # dL/dT_f * T_f: [T, P]
-        xs = (mx.T, my.T, ca.T, cb.T, cc.T, op.T, jnp.swapaxes(feat, 0, 1),
-              jnp.arange(n_k, dtype=jnp.int32))
-
-        def body(carry, x):
-            trans, acc = carry  # transmittance after this slot; sum_{j>i} w_j f_j
-            kmx, kmy, kca, kcb, kcc, kop, kf, k = x
-            dx, dy, gval, raw, a, valid = _alpha(u, v, kmx, kmy, kca, kcb, kcc, kop)
-            keep = valid & (k < nstop)
-            one_m = 1.0 - a
-            t_before = jnp.where(keep, trans / one_m, trans)
-            w = jnp.where(keep, a * t_before, 0.0)
-            d_f = jnp.einsum("tp,tpc->tc", w, g_out)
-            g_dot_f = jnp.einsum("tpc,tc->tp", g_out, kf)
-            g_dot_acc = jnp.sum(g_out * acc, -1)
-            d_a = jnp.where(keep, t_before * g_dot_f - (g_dot_acc + g_tf) / one_m, 0.0)
-            acc = acc + w[..., None] * kf[:, None, :]
-            unclamped = raw < ALPHA_MAX
-            d_raw = jnp.where(unclamped, d_a, 0.0)
-            d_op = jnp.sum(d_raw * gval, -1)
-            d_pow = d_raw * raw
-            d_ca = -0.5 * jnp.sum(d_pow * dx * dx, -1)
-            d_cc = -0.5 * jnp.sum(d_pow * dy * dy, -1)
-            d_cb = -jnp.sum(d_pow * dx * dy, -1)
-            d_mx = jnp.sum(d_pow * (kca[:, None] * dx + kcb[:, None] * dy), -1)
-            d_my = jnp.sum(d_pow * (kcc[:, None] * dy + kcb[:, None] * dx), -1)
-            return (t_before, acc), (d_mx, d_my, d_ca, d_cb, d_cc, d_op, d_f)
-
-        init = (trans_f, jnp.zeros_like(g_out))
-        _, grads = jax.lax.scan(body, init, xs, reverse=True)
-        d_mx, d_my, d_ca, d_cb, d_cc, d_op, d_f = grads
-        return (d_mx.T, d_my.T, d_ca.T, d_cb.T, d_cc.T, d_op.T, jnp.swapaxes(d_f, 0, 1))
+        u, v = _pixel_grid(ntx, nty, tile, args[-1].dtype)
+        xs = ((pix_chunks(u), pix_chunks(v)) + tuple(chunked(a) for a in args)
+              + tuple(pix_chunks(x) for x in (trans_f, nstop, g_out, g_trans)))
+        grads = jax.lax.map(lambda c: _bwd_chunk(*c), xs)
+        return tuple(unchunked(g) for g in grads)
 
     composite.defvjp(fwd, bwd)
     return composite
@@ -322,8 +394,8 @@ def rasterize(
     sh_degree: int | None = None,
     features=None,
     background=None,
-    tile_size: int = 16,
-    capacity: int = 96,
+    tile_size: int = 8,
+    capacity: int = 64,
     max_pairs: int | None = None,
     near: float = 0.01,
     backend: str = "jax",
@@ -382,12 +454,14 @@ def _rasterize_jax(means, quats, scales, opacities, colors, cam_pose, features, 
     nty = -(-intrinsics.height // tile_size)
     pairs = max_pairs if max_pairs is not None else 8 * n
     bins = _bin(proj, ntx, nty, tile_size, capacity, pairs)
-    g = bins.gauss
-    op = jnp.where(bins.slot_valid, opacities[g], 0.0)
+    # one row gather (and one row scatter-add in the backward) instead of one per attribute
+    packed = jnp.concatenate(
+        [proj.mean2d, proj.conic, opacities[:, None].astype(dtype), feats], -1)  # [N, 6 + C]
+    rows = packed[bins.gauss]  # [T, K, 6 + C]
+    op = jnp.where(bins.slot_valid, rows[..., 5], 0.0)
     composite = _make_composite(ntx, nty, tile_size)
-    out, trans = composite(
-        proj.mean2d[g, 0], proj.mean2d[g, 1], proj.conic[g, 0], proj.conic[g, 1],
-        proj.conic[g, 2], op, feats[g])
+    out, trans = composite(rows[..., 0], rows[..., 1], rows[..., 2], rows[..., 3],
+                           rows[..., 4], op, rows[..., 6:])
 
     def to_image(x):  # [T, P, ...] -> [H, W, ...]
         rest = x.shape[2:]
