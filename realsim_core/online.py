@@ -40,7 +40,7 @@ from realsim_core.calibration_io import (
     write_calibration,
 )
 from realsim_core.errors import RealsimError
-from realsim_core.sync import FrameAssembler, FrameSet, KeyframeBuffer
+from realsim_core.sync import RESET, FrameAssembler, FrameSet, KeyframeBuffer
 from realsim_core.types import CameraIntrinsics, ImageSample, JointStateSample
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,10 @@ class OnlineCalibrator:
     def add_joint_state(self, arm: str, sample: JointStateSample) -> str:
         """One joint state of `arm`; returns the sync status (see `realsim_core.sync`)."""
         with self._lock:
+            resets = self.assembler.stats["clock_resets"]
             status = self.assembler.add_joint_state(arm, sample)
+            if self.assembler.stats["clock_resets"] != resets:
+                status = RESET  # the assembler re-adds the sample after its reset
         self._wake.set()
         return status
 

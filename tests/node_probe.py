@@ -134,14 +134,19 @@ class Probe:
 
     # ------------------------------------------------------------------ feeding
     def send_frame(self, i: int, cameras=CAMERAS, joint_ns_offsets=(0,), t0: int = T0,
-                   period_ns: int = 100_000_000) -> int:
-        """Joint states of both arms then one image per camera at stamp t0 + i * period."""
+                   period_ns: int = 100_000_000, sizes=None) -> int:
+        """Joint states of both arms then one image per camera at stamp t0 + i * period.
+
+        sizes: camera -> (w, h) for cameras whose images are not W x H.
+        """
         ns = t0 + i * period_ns
+        sizes = sizes or {}
         for off in joint_ns_offsets:
             for arm in ARMS:
                 self.joints[arm].publish(joint_msg(ns + off, arm_positions(i, arm)))
         for k, cam in enumerate(cameras):
-            self.images[cam].publish(image_msg(ns, 20 * k + i))
+            w, h = sizes.get(cam, (W, H))
+            self.images[cam].publish(image_msg(ns, 20 * k + i, w, h))
         self.pause(0.03)
         return ns
 

@@ -51,9 +51,15 @@ from realsim_core.sync import ACCEPTED, DUPLICATE, RESET
 from realsim_ros import conversions as conv
 from realsim_ros import defaults
 
+try:
+    from rclpy.event_handler import SubscriptionEventCallbacks, UnsupportedEventTypeError
+except ImportError:  # Humble
+    from rclpy.qos_event import SubscriptionEventCallbacks, UnsupportedEventTypeError
+
 NODE_NAME = "realsim"
 WARN_PERIOD_S = 60.0  # a repeated problem of one kind is logged at most this often
 ASPECT_TOLERANCE = 0.01  # image vs camera_info aspect ratio mismatch still rescaled
+INFO_GRACE_S = 0.5  # wait this long (steady s) for camera_info before using the rig's
 
 
 @dataclass
@@ -65,10 +71,29 @@ class _TopicCounter:
     count: int = 0
     last_rx: float = field(default=-math.inf)
     last_stamp_ns: int = -1
+    lost: int = 0  # messages the transport reported lost (DDS sample-lost events)
+    gaps: int = 0  # messages missing by the stamps (gap > 1.5 typical periods)
+    _periods: list = field(default_factory=list)
+    _prev_ns: int = -1
 
     def tick(self) -> None:
         self.count += 1
         self.last_rx = time.monotonic()
+
+    def stamp(self, ns: int) -> None:
+        """Track header stamps; estimate missed messages from gaps (ns)."""
+        dt = ns - self._prev_ns if self._prev_ns >= 0 else 0
+        self._prev_ns = ns
+        if dt <= 0:
+            return
+        periods = self._periods
+        if len(periods) >= 8:
+            typical = sorted(periods)[len(periods) // 2]
+            if dt > 1.5 * typical:
+                self.gaps += min(round(dt / typical) - 1, 100)  # a pause is not 1e6 drops
+        periods.append(dt)
+        if len(periods) > 32:
+            del periods[0]
 
 
 # parameter name -> (type, min, max, read_only, default, description)
@@ -175,6 +200,7 @@ class CalibrationNode(Node):
         self._info: dict[str, object] = {}  # camera -> CameraIntrinsics from camera_info
         self._used_intrinsics: dict[str, object] = {}
         self._rejected: dict[str, int] = {}
+        self._first_image: dict[str, float] = {}  # camera -> first image (monotonic s)
 
         # inputs
         self._counters: dict[str, _TopicCounter] = {}
@@ -185,10 +211,12 @@ class CalibrationNode(Node):
             if transport == "compressed":
                 self._subscribe(f"{cam}/image", CompressedImage,
                                 image_topic.rstrip("/") + "/compressed",
-                                lambda m, c=cam: self._on_image(c, m, compressed=True))
+                                lambda m, c=cam: self._on_image(c, m, compressed=True),
+                                track_gaps=True)
             else:
                 self._subscribe(f"{cam}/image", Image, image_topic,
-                                lambda m, c=cam: self._on_image(c, m, compressed=False))
+                                lambda m, c=cam: self._on_image(c, m, compressed=False),
+                                track_gaps=True)
             self._subscribe(f"{cam}/camera_info", CameraInfo,
                             self.get_parameter(f"{cam}.info_topic").value,
                             lambda m, c=cam: self._on_camera_info(c, m))
@@ -367,24 +395,36 @@ class CalibrationNode(Node):
         self._warn(key, text)
 
     # ------------------------------------------------------------------ inputs
-    def _subscribe(self, key, msg_type, topic, handler, optional: bool = False) -> None:
+    def _subscribe(self, key, msg_type, topic, handler, optional: bool = False,
+                   track_gaps: bool = False) -> None:
+        """Subscribe with sensor-data QoS; `track_gaps` for periodic streams (images).
+
+        With `track_gaps`, messages missed are estimated from stamp gaps.
+        """
         counter = _TopicCounter(topic, optional)
         self._counters[key] = counter
 
         def callback(msg, counter=counter) -> None:
             counter.tick()
-            stamp = getattr(msg, "header", None)
-            if stamp is not None:
-                counter.last_stamp_ns = conv.stamp_to_ns(msg.header.stamp)
+            counter.last_stamp_ns = conv.stamp_to_ns(msg.header.stamp)
+            if track_gaps:
+                counter.stamp(counter.last_stamp_ns)
             try:
                 handler(msg)
             except Exception as exc:  # never let one bad message take the node down
                 self._reject(f"{key}/error", f"{key}: message dropped: "
                              f"{type(exc).__name__}: {exc}")
 
-        self._subs.append(
-            self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
-        )
+        def lost(info, counter=counter) -> None:
+            counter.lost = int(info.total_count)
+
+        try:
+            events = SubscriptionEventCallbacks(message_lost=lost)
+            sub = self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data,
+                                           event_callbacks=events)
+        except UnsupportedEventTypeError:  # the RMW cannot report lost samples
+            sub = self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
+        self._subs.append(sub)
 
     def counts(self) -> dict[str, int]:
         """Messages received so far, by input key (e.g. `cam_high/image`)."""
@@ -401,25 +441,37 @@ class CalibrationNode(Node):
         if intr is None:
             return
         status = self.calibrator.add_image(cam, sample)
-        if status != ACCEPTED:
-            self._warn(f"{cam}/image/{status}",
-                       f"{cam}: image at {sample.stamp_ns} ns {status.replace('_', ' ')}"
-                       f" ({self.calibrator.assembler.last_message or 'see /diagnostics'})")
+        if status == "clock_resets":
+            self._warn("clock_jump", f"{self.calibrator.assembler.last_message}; sync "
+                       "restarted (repeats counted in /diagnostics sync/clock_resets)")
+        elif status != ACCEPTED:  # one line per kind; counts in /diagnostics sync/*
+            self._warn(f"image/{status}", f"{cam}: image at {sample.stamp_ns} ns: "
+                       f"{status.replace('_', ' ')} (counted in /diagnostics sync/{status})")
 
     def _intrinsics_for(self, cam: str, w: int, h: int):
         """Intrinsics for a w x h image of `cam` (None: the image must be dropped)."""
         info = self._info.get(cam)
         if info is None:
+            # camera_info usually comes with (or just after) the first image: give it a moment
+            first = self._first_image.setdefault(cam, time.monotonic())
+            waited = time.monotonic() - first > INFO_GRACE_S
             base = self._rig_intrinsics[cam]
+            fits = base is not None and abs(w / h - base.width / base.height) <= (
+                ASPECT_TOLERANCE * w / h)
+            if not waited and not fits:
+                self._rejected[f"{cam}/image/waiting_for_camera_info"] = (
+                    self._rejected.get(f"{cam}/image/waiting_for_camera_info", 0) + 1)
+                return None
             if base is None:
                 self._reject(f"{cam}/image/no_intrinsics",
                              f"{cam}: no camera_info and no intrinsics in the rig file; "
                              "images dropped until camera_info arrives")
                 return None
-            self._warn(f"{cam}/no_camera_info",
-                       f"{cam}: no camera_info on "
-                       f"{self.get_parameter(f'{cam}.info_topic').value}; using the rig "
-                       f"file's intrinsics ({base.width}x{base.height})")
+            if waited:
+                self._warn(f"{cam}/no_camera_info",
+                           f"{cam}: no camera_info on "
+                           f"{self.get_parameter(f'{cam}.info_topic').value}; using the rig "
+                           f"file's intrinsics ({base.width}x{base.height})")
             source = "rig"
         else:
             base, source = info, "camera_info"
@@ -466,10 +518,11 @@ class CalibrationNode(Node):
                        f"{arm}: joint_states name unknown joints {unknown} (ignored)")
         status = self.calibrator.add_joint_state(arm, conv.joint_state_to_sample(msg))
         if status == RESET:
-            self._warn(f"{arm}/clock_reset",
-                       f"{arm}: {self.calibrator.assembler.last_message}")
+            self._warn("clock_jump", f"{self.calibrator.assembler.last_message}; sync "
+                       "restarted (repeats counted in /diagnostics sync/clock_resets)")
         elif status == DUPLICATE:
-            self._warn(f"{arm}/duplicate", f"{arm}: duplicate joint_states stamp ignored")
+            self._warn("joint_duplicate", f"{arm}: duplicate joint_states stamp ignored "
+                       "(counted in /diagnostics sync/joint_duplicate)")
         elif status != ACCEPTED:
             self._rejected[f"{arm}/{status}"] = self._rejected.get(f"{arm}/{status}", 0) + 1
             self._warn(f"{arm}/{status}",
@@ -522,6 +575,8 @@ class CalibrationNode(Node):
         kv += [KeyValue(key=f"received/{k}", value=str(c.count)) for k, c in items]
         kv += [KeyValue(key=f"last_stamp_ns/{k}", value=str(c.last_stamp_ns))
                for k, c in items if c.count]
+        kv += [KeyValue(key=f"lost/{k}", value=str(c.lost + c.gaps))
+               for k, c in items if c.lost or c.gaps]
         kv += [KeyValue(key=f"rejected/{k}", value=str(n))
                for k, n in sorted(self._rejected.items())]
         kv.append(KeyValue(key="uptime_s", value=f"{now - self._started:.1f}"))
