@@ -575,7 +575,8 @@ class CalibrationNode(Node):
         kv += [KeyValue(key=f"received/{k}", value=str(c.count)) for k, c in items]
         kv += [KeyValue(key=f"last_stamp_ns/{k}", value=str(c.last_stamp_ns))
                for k, c in items if c.count]
-        kv += [KeyValue(key=f"lost/{k}", value=str(c.lost + c.gaps))
+        # both estimates see the same missing messages: report the larger, not the sum
+        kv += [KeyValue(key=f"lost/{k}", value=str(max(c.lost, c.gaps)))
                for k, c in items if c.lost or c.gaps]
         kv += [KeyValue(key=f"rejected/{k}", value=str(n))
                for k, n in sorted(self._rejected.items())]
