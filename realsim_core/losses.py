@@ -22,13 +22,16 @@ def _gauss_kernel(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> np.ndar
 
 
 def _blur(x, kernel):
-    """Separable 'valid'-free blur with edge replication: x [N, H, W] -> [N, H, W]."""
+    """Separable Gaussian blur with edge replication: x [N, H, W] -> [N, H, W]."""
     r = (kernel.shape[0] - 1) // 2
     k = jnp.asarray(kernel, x.dtype)
-    xp = jnp.pad(x, ((0, 0), (r, r), (0, 0)), mode="edge")
-    x = sum(k[i] * xp[:, i: i + x.shape[1], :] for i in range(k.shape[0]))
-    xp = jnp.pad(x, ((0, 0), (0, 0), (r, r)), mode="edge")
-    return sum(k[i] * xp[:, :, i: i + x.shape[2]] for i in range(k.shape[0]))
+    xp = jnp.pad(x, ((0, 0), (r, r), (r, r)), mode="edge")[:, None]   # [N, 1, H+2r, W+2r]
+    dn = ("NCHW", "OIHW", "NCHW")
+    y = jax.lax.conv_general_dilated(xp, k[None, None, :, None], (1, 1), "VALID",
+                                     dimension_numbers=dn)
+    y = jax.lax.conv_general_dilated(y, k[None, None, None, :], (1, 1), "VALID",
+                                     dimension_numbers=dn)
+    return y[:, 0]
 
 
 def ssim_map(a, b):

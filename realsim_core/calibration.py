@@ -1,0 +1,763 @@
+"""Camera extrinsics + joint offsets from RGB and joint states (paper section 4, app. D.1).
+
+One `CalibrationSession` serves the offline CLI and the ROS node. It holds
+
+- a static part (`_Static`, a frozen pytree): kinematic model, rig Gaussians in body
+  frames, camera intrinsics per pyramid level, loss weights;
+- a fixed-size frame buffer (`max_frames` slots with a validity mask), so the jitted
+  step functions never recompile as frames are added;
+- the parameters: pose group {joint offsets [J], fixed-camera deltas [Cf, 6],
+  wrist-mount deltas [Cw, 6], per-frame corrections [F, J]} and appearance group
+  {Gaussian colours [N, 3] (logits), opacities [N] (logits)}.
+
+Optimisation alternates, as the paper does: colour steps (L1, poses frozen) and pose steps
+((1-λ) L1 + λ D-SSIM, colours frozen), with Adam from optax (`multi_transform` per group),
+coarse to fine over an image pyramid. Weak Gaussian priors pull every pose parameter
+towards its nominal value, so directions the images do not constrain stay put.
+
+Acceptance: a share of the frames is held out; an estimate replaces the accepted one only
+if the held-out photometric L1 improves, so the session never returns something worse
+than its start. A non-finite loss or gradient rolls the step back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from realsim_core import kinematics, losses
+from realsim_core.errors import RealsimError
+from realsim_core.render import rasterize
+from realsim_core.rig import Rig
+from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix
+from realsim_core.types import CameraIntrinsics
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Hyper-parameters (defaults documented in docs/calibration.md)."""
+
+    levels: tuple[int, ...] = (4, 2, 1)          # pyramid downsample factors, coarse -> fine
+    cycles_per_level: tuple[int, ...] = (30, 20, 10)
+    colour_steps: int = 4                        # colour steps per cycle (poses frozen)
+    pose_steps: int = 4                          # pose steps per cycle (colours frozen)
+    warmup_colour_steps: int = 60                # colour fit before the first pose step
+    batch_frames: int = 2                        # frames rendered per step
+    lr_colour: float = 2e-2                      # Adam on colour/opacity logits
+    lr_joint: float = 2e-3                       # rad
+    lr_camera: float = 2e-3                      # m and rad (se(3) delta)
+    lr_correction: float = 5e-4                  # per-frame joint corrections, rad
+    fixed_weight: float = 1.0                    # image weight of fixed cameras
+    wrist_weight: float = 0.1                    # image weight of wrist cameras
+    ssim_lambda: float = 0.2
+    prior_weight: float = 1e-3                   # weight of the prior term vs the image loss
+    init_colours: bool = True                    # colours from the images before fitting
+    prior_joint_rad: float = 0.1                 # 1-sigma priors towards nominal
+    prior_camera_m: float = 0.05
+    prior_camera_rad: float = 0.1
+    prior_correction_rad: float = 0.003
+    per_frame_corrections: bool = False
+    optimise_joints: bool = True
+    optimise_cameras: bool = True
+    holdout_fraction: float = 0.2
+    tile_size: int = 16
+    capacity: int = 128
+    seed: int = 0
+
+    def replace(self, **kw) -> CalibrationConfig:
+        return dataclasses.replace(self, **kw)
+
+
+class RigGaussians(NamedTuple):
+    """Gaussians bound to the rig's bodies (fixed geometry, body frames).
+
+    body: [N] int32 MuJoCo body id; means: [N, 3] m; quats: [N, 4] xyzw; scales: [N, 3] m;
+    colors: [N, 3] initial RGB in [0, 1]; opacities: [N] initial opacity in (0, 1).
+    """
+
+    body: np.ndarray
+    means: np.ndarray
+    quats: np.ndarray
+    scales: np.ndarray
+    colors: np.ndarray
+    opacities: np.ndarray
+
+
+# ----------------------------------------------------------------------------- helpers
+def _logit(p):
+    p = np.clip(p, 1e-4, 1 - 1e-4)
+    return np.log(p / (1 - p))
+
+
+def _quat_mul_xyzw(a, b):
+    ax, ay, az, aw = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
+    bx, by, bz, bw = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    return jnp.stack([
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+        aw * bw - ax * bx - ay * by - az * bz,
+    ], -1)
+
+
+def _rot_to_quat_xyzw(r):
+    """[..., 3, 3] -> [..., 4] xyzw (branch-free, differentiable away from singular cases)."""
+    m00, m11, m22 = r[..., 0, 0], r[..., 1, 1], r[..., 2, 2]
+    w = 0.5 * jnp.sqrt(jnp.maximum(1.0 + m00 + m11 + m22, 1e-12))
+    x = 0.5 * jnp.sqrt(jnp.maximum(1.0 + m00 - m11 - m22, 1e-12))
+    y = 0.5 * jnp.sqrt(jnp.maximum(1.0 - m00 + m11 - m22, 1e-12))
+    z = 0.5 * jnp.sqrt(jnp.maximum(1.0 - m00 - m11 + m22, 1e-12))
+    x = jnp.copysign(x, r[..., 2, 1] - r[..., 1, 2])
+    y = jnp.copysign(y, r[..., 0, 2] - r[..., 2, 0])
+    z = jnp.copysign(z, r[..., 1, 0] - r[..., 0, 1])
+    return jnp.stack([x, y, z, w], -1)
+
+
+def world_gaussians(g: RigGaussians, bodies):
+    """Place rig Gaussians with body poses [nbody, 4, 4] -> (means [N,3], quats [N,4])."""
+    T = bodies[g.body]
+    means = jnp.einsum("nij,nj->ni", T[:, :3, :3], g.means) + T[:, :3, 3]
+    quats = _quat_mul_xyzw(_rot_to_quat_xyzw(T[:, :3, :3]), g.quats)
+    return means, quats
+
+
+# ----------------------------------------------------------------------------- state
+class _Static(NamedTuple):
+    km: kinematics.KinematicModel
+    gauss: RigGaussians                     # jnp arrays
+    intrinsics: tuple                       # [level][camera] CameraIntrinsics (static)
+    cam_weight: jnp.ndarray                 # [C]
+    tile_size: int = 16
+    capacity: int = 64
+
+
+class Buffers(NamedTuple):
+    """Fixed-size frame buffer. images[level][camera]: [F, H_l, W_l, 3] float32 in [0, 1]."""
+
+    images: tuple
+    q: jnp.ndarray          # [F, J] measured joints, rig order
+    valid: jnp.ndarray      # [F, C] image present
+    train: jnp.ndarray      # [F] usable for training
+    holdout: jnp.ndarray    # [F] held out for acceptance
+
+
+@dataclass
+class Metrics:
+    """What the session reports (latest values)."""
+
+    steps: int = 0
+    frames: int = 0
+    loss: float = math.nan
+    holdout_l1: float = math.nan
+    holdout_l1_start: float = math.nan
+    accepted: int = 0
+    rejected: int = 0
+    rollbacks: int = 0
+    level: int = 0
+    steps_per_s: float = 0.0
+    per_camera_l1: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)   # (step, loss, holdout) tuples
+
+
+def _split_params(params):
+    pose = {k: params[k] for k in ("joint_offsets", "fixed_deltas", "mounted_deltas",
+                                   "corrections")}
+    app = {k: params[k] for k in ("color_logits", "opacity_logits")}
+    return pose, app
+
+
+# ----------------------------------------------------------------------------- core math
+def _colours(params):
+    return jax.nn.sigmoid(params["color_logits"]), jax.nn.sigmoid(params["opacity_logits"])
+
+
+def render_frame(static: _Static, params, q, corr, level: int, cam: int):
+    """Render camera `cam` of one frame at pyramid `level` -> RenderOutput (for reports)."""
+    poses = kinematics.forward(static.km, q, params["joint_offsets"], corr,
+                               params["fixed_deltas"], params["mounted_deltas"])
+    means, quats = world_gaussians(static.gauss, poses.bodies)
+    colors, opac = _colours(params)
+    return rasterize(means, quats, static.gauss.scales, opac, colors, poses.cameras[cam],
+                     static.intrinsics[level][cam], tile_size=static.tile_size,
+                     capacity=static.capacity)
+
+
+def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]]:
+    """Cameras with identical intrinsics share one traced (vmapped) render."""
+    groups: dict[CameraIntrinsics, list[int]] = {}
+    for c, it in enumerate(intrinsics):
+        groups.setdefault(it, []).append(c)
+    return list(groups.items())
+
+
+def render_batch(static: _Static, params, q, corr, level: int):
+    """Render every camera of frames q [B, J] -> list over cameras of rgb [B, H, W, 3]."""
+    poses = kinematics.forward_batch(static.km, q, params["joint_offsets"], corr,
+                                     params["fixed_deltas"], params["mounted_deltas"])
+    means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss, poses.bodies)
+    colors, opac = _colours(params)
+    out: list = [None] * len(static.intrinsics[level])
+    for intr, cams in _camera_groups(static.intrinsics[level]):
+        cam_idx = jnp.asarray(cams, jnp.int32)
+
+        def one(m, qu, pose, intr=intr):
+            return rasterize(m, qu, static.gauss.scales, opac, colors, pose, intr,
+                             tile_size=static.tile_size, capacity=static.capacity).rgb
+
+        # [B, k] renders: frames x cameras of this group, one trace
+        per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0)), in_axes=(0, 0, 0))(
+            means, quats, poses.cameras[:, cam_idx])
+        for j, c in enumerate(cams):
+            out[c] = per_cam[:, j]
+    return out
+
+
+def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda):
+    """Weighted photometric loss over frames `idx` [B] and all cameras."""
+    renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level)
+    total = 0.0
+    wsum = 0.0
+    for c, rgb in enumerate(renders):
+        target = bufs.images[level][c][idx]
+        w = static.cam_weight[c] * bufs.valid[idx, c]              # [B]
+        # L1 for colour steps (lambda = 0), (1 - lambda) L1 + lambda D-SSIM for pose steps
+        per = (1.0 - ssim_lambda) * losses.l1_map(rgb, target) + ssim_lambda * (
+            1.0 - losses.ssim_map(rgb, target))
+        total = total + jnp.sum(w * per.mean(axis=(-2, -1)))
+        wsum = wsum + jnp.sum(w)
+    return total / jnp.maximum(wsum, 1e-8)
+
+
+def _prior(params, cfg: CalibrationConfig, nominal):
+    def sq(x, s):
+        return jnp.sum(jnp.square(x / s))
+
+    p = sq(params["joint_offsets"] - nominal["joint_offsets"], cfg.prior_joint_rad)
+    for key in ("fixed_deltas", "mounted_deltas"):
+        d = params[key] - nominal[key]
+        p += sq(d[:, :3], cfg.prior_camera_m) + sq(d[:, 3:], cfg.prior_camera_rad)
+    p += sq(params["corrections"], cfg.prior_correction_rad)
+    return 0.5 * p
+
+
+class CalibrationSession:
+    """Stateful driver around pure, jitted step functions (see module docstring).
+
+    rig/model: the rig file and its MuJoCo model. intrinsics: {camera: CameraIntrinsics} at
+    full resolution. gaussians: the known scene (rig bodies). max_frames: buffer slots.
+    """
+
+    def __init__(self, rig: Rig, model, intrinsics: dict[str, CameraIntrinsics],
+                 gaussians: RigGaussians, config: CalibrationConfig | None = None,
+                 max_frames: int = 64):
+        self.rig = rig
+        self.cfg = config or CalibrationConfig()
+        self.cameras = rig.camera_names
+        missing = [c for c in self.cameras if c not in intrinsics]
+        if missing:
+            raise RealsimError(f"no intrinsics for camera(s) {', '.join(missing)}")
+        self.full_intrinsics = {c: intrinsics[c] for c in self.cameras}
+        self.max_frames = int(max_frames)
+        km = kinematics.build_kinematic_model(rig, model)
+        levels = []
+        for f in self.cfg.levels:
+            levels.append(tuple(
+                intrinsics[c].scaled(intrinsics[c].width // f, intrinsics[c].height // f)
+                for c in self.cameras))
+        mounted = {c.name for c in rig.mounted_cameras}
+        cam_w = jnp.asarray([self.cfg.wrist_weight if c in mounted else self.cfg.fixed_weight
+                             for c in self.cameras], jnp.float32)
+        g = RigGaussians(*(jnp.asarray(a) for a in gaussians))
+        self.static = _Static(km, g, tuple(levels), cam_w, self.cfg.tile_size, self.cfg.capacity)
+        J = len(km.joint_names)
+        self.nominal = kinematics.zero_params(km)
+        self.params = {
+            **self.nominal,
+            "corrections": jnp.zeros((self.max_frames, J), jnp.float32),
+            "color_logits": jnp.asarray(_logit(np.asarray(gaussians.colors)), jnp.float32),
+            "opacity_logits": jnp.asarray(_logit(np.asarray(gaussians.opacities)), jnp.float32),
+        }
+        self.nominal = {**self.nominal, "corrections": self.params["corrections"]}
+        F = self.max_frames
+        self.bufs = Buffers(
+            images=tuple(tuple(jnp.zeros((F, it.height, it.width, 3), jnp.float32)
+                               for it in lvl) for lvl in levels),
+            q=jnp.zeros((F, J), jnp.float32),
+            valid=jnp.zeros((F, len(self.cameras)), jnp.float32),
+            train=jnp.zeros(F, bool), holdout=jnp.zeros(F, bool),
+        )
+        self.n_frames = 0
+        self.stamps: list[int] = []
+        self.metrics = Metrics()
+        self._rng = np.random.default_rng(self.cfg.seed)
+        self._build_optimisers()
+        self.accepted = dict(self.params)
+        self._level = 0
+
+    # ------------------------------------------------------------------ optimisers
+    def _build_optimisers(self):
+        cfg = self.cfg
+
+        def zero():
+            return optax.set_to_zero()
+
+        pose_tx = {
+            "joint_offsets": optax.adam(cfg.lr_joint) if cfg.optimise_joints else zero(),
+            "fixed_deltas": optax.adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
+            "mounted_deltas": optax.adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
+            "corrections": (optax.adam(cfg.lr_correction) if cfg.per_frame_corrections
+                            else zero()),
+            "color_logits": zero(), "opacity_logits": zero(),
+        }
+        colour_tx = {k: zero() for k in pose_tx}
+        colour_tx["color_logits"] = optax.adam(cfg.lr_colour)
+        colour_tx["opacity_logits"] = optax.adam(cfg.lr_colour)
+        labels = {k: k for k in pose_tx}
+        self._pose_opt = optax.chain(optax.clip_by_global_norm(10.0),
+                                     optax.multi_transform(pose_tx, labels))
+        self._colour_opt = optax.multi_transform(colour_tx, labels)
+        self._pose_state = self._pose_opt.init(self.params)
+        self._colour_state = self._colour_opt.init(self.params)
+        self._steps = {}
+
+    def _step_fn(self, level: int):
+        """One jitted step per pyramid level serving both colour and pose steps.
+
+        `pose` (a traced bool) selects the objective and which optimiser's updates and
+        state advance, so alternating costs no second compile.
+        """
+        if level in self._steps:
+            return self._steps[level]
+        cfg = self.cfg
+        static = self.static
+
+        def loss_fn(params, bufs, idx, nominal, pose):
+            lam = jnp.where(pose, cfg.ssim_lambda, 0.0)
+            data = _photometric(static, params, bufs, idx, level, lam)
+            prior = _prior(params, cfg, nominal) * cfg.prior_weight
+            return data + jnp.where(pose, prior, 0.0), data
+
+        def select(flag, a, b):
+            return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
+
+        @jax.jit
+        def step(params, pose_state, colour_state, bufs, idx, nominal, pose):
+            (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, bufs, idx, nominal, pose)
+            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, params)
+            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, params)
+            updates = select(pose, up_p, up_c)
+            new_params = optax.apply_updates(params, updates)
+            finite = jnp.isfinite(data) & jnp.all(jnp.asarray(
+                [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(grads)]))
+            return (new_params, select(pose, new_pose_state, pose_state),
+                    select(pose, colour_state, new_colour_state), data, finite)
+
+        self._steps[level] = step
+        return step
+
+    # ------------------------------------------------------------------ frames
+    def add_frame(self, images: dict[str, np.ndarray], joints: np.ndarray,
+                  stamp_ns: int = 0, holdout: bool | None = None) -> int:
+        """Add one frame set: images {camera: uint8 [H, W, 3]}, joints [J] (rig order).
+
+        Returns the slot used. When the buffer is full the oldest training frame is replaced.
+        """
+        joints = np.asarray(joints, np.float64)
+        J = len(self.static.km.joint_names)
+        if joints.shape != (J,) or not np.all(np.isfinite(joints)):
+            raise RealsimError(f"joints must be {J} finite values, got {joints.shape}")
+        if self.n_frames < self.max_frames:
+            slot = self.n_frames
+            self.n_frames += 1
+            self.stamps.append(stamp_ns)
+        else:
+            slot = int(self._rng.integers(self.max_frames))
+            self.stamps[slot] = stamp_ns
+        if holdout is None:
+            holdout = (self.cfg.holdout_fraction > 0 and
+                       self._rng.random() < self.cfg.holdout_fraction and self.n_frames > 1)
+        b = self.bufs
+        imgs = [list(lvl) for lvl in b.images]
+        valid = np.zeros(len(self.cameras), np.float32)
+        for c, cam in enumerate(self.cameras):
+            if cam not in images:
+                continue
+            img = np.asarray(images[cam])
+            it = self.full_intrinsics[cam]
+            if img.shape[:2] != (it.height, it.width):
+                raise RealsimError(
+                    f"{cam}: image is {img.shape[1]}x{img.shape[0]}, intrinsics say "
+                    f"{it.width}x{it.height}")
+            x = jnp.asarray(img, jnp.float32) / 255.0
+            for li, f in enumerate(self.cfg.levels):
+                xl = losses.downsample(x, f)
+                lh, lw = imgs[li][c].shape[1:3]
+                imgs[li][c] = imgs[li][c].at[slot].set(xl[:lh, :lw])
+            valid[c] = 1.0
+        self.bufs = Buffers(
+            images=tuple(tuple(lvl) for lvl in imgs),
+            q=b.q.at[slot].set(jnp.asarray(joints, jnp.float32)),
+            valid=b.valid.at[slot].set(jnp.asarray(valid)),
+            train=b.train.at[slot].set(not holdout),
+            holdout=b.holdout.at[slot].set(bool(holdout)),
+        )
+        self.metrics.frames = self.n_frames
+        return slot
+
+    # ------------------------------------------------------------------ running
+    def _sample(self) -> jnp.ndarray:
+        train = np.flatnonzero(np.asarray(self.bufs.train))
+        if train.size == 0:
+            raise RealsimError("no training frames")
+        k = self.cfg.batch_frames
+        return jnp.asarray(self._rng.choice(train, size=k, replace=train.size < k), jnp.int32)
+
+    def holdout_residual(self, params=None, level: int | None = None) -> float:
+        """Mean L1 (0-1 units) over held-out frames (training frames if none held out)."""
+        params = self.params if params is None else params
+        level = len(self.cfg.levels) - 1 if level is None else level
+        sel = np.flatnonzero(np.asarray(self.bufs.holdout))
+        if sel.size == 0:
+            sel = np.flatnonzero(np.asarray(self.bufs.train))
+        fn = self._eval_fn(level)
+        vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32))) for i in sel]
+        return float(np.mean(vals)) if vals else math.nan
+
+    @functools.cache  # noqa: B019 - one per session and level, by design
+    def _eval_fn(self, level: int):
+        return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
+
+    def init_colours_from_frames(self, max_frames: int = 8) -> None:
+        """Initialise Gaussian colours from the images: median of each Gaussian's projections.
+
+        Occlusion is ignored (the colour steps fix what it gets wrong); projections behind
+        a camera or outside its image are skipped; Gaussians seen nowhere keep their colour.
+        """
+        level = len(self.cfg.levels) - 1
+        idx = np.flatnonzero(np.asarray(self.bufs.train | self.bufs.holdout))[:max_frames]
+        if idx.size == 0:
+            return
+        st = self.static
+        p = self.params
+        poses = kinematics.forward_batch_jit(st.km, self.bufs.q[idx], p["joint_offsets"],
+                                             p["corrections"][idx], p["fixed_deltas"],
+                                             p["mounted_deltas"])
+        means, _ = jax.jit(jax.vmap(world_gaussians, in_axes=(None, 0)))(st.gauss, poses.bodies)
+        means = np.asarray(means, np.float64)                     # [B, N, 3]
+        cams = np.asarray(poses.cameras, np.float64)              # [B, C, 4, 4]
+        n = means.shape[1]
+        cols = []
+        for bi, f in enumerate(idx):
+            for c, it in enumerate(st.intrinsics[level]):
+                if float(self.bufs.valid[f, c]) == 0:
+                    continue
+                T = cams[bi, c]
+                pc = (means[bi] - T[:3, 3]) @ T[:3, :3]          # world -> optical
+                z = pc[:, 2]
+                ok = z > 0.02
+                u = np.where(ok, it.fx * pc[:, 0] / np.where(ok, z, 1) + it.cx, -1)
+                v = np.where(ok, it.fy * pc[:, 1] / np.where(ok, z, 1) + it.cy, -1)
+                ui, vi = np.round(u).astype(int), np.round(v).astype(int)
+                ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
+                img = np.asarray(self.bufs.images[level][c][f])
+                col = np.full((n, 3), np.nan)
+                col[ok] = img[vi[ok], ui[ok]]
+                cols.append(col)
+        stack = np.stack(cols)                                     # [S, N, 3]
+        if not np.isfinite(stack).any():
+            return
+        with warnings.catch_warnings():  # Gaussians seen by no camera: all-NaN columns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(stack, axis=0)
+        have = np.all(np.isfinite(med), axis=1)
+        logits = np.asarray(p["color_logits"]).copy()
+        logits[have] = _logit(med[have])
+        self.params = {**p, "color_logits": jnp.asarray(logits, jnp.float32)}
+        self._colour_state = self._colour_opt.init(self.params)
+
+    def run(self, time_budget_s: float | None = None,
+            callback: Callable[[Metrics], None] | None = None) -> Metrics:
+        """Run the full schedule (coarse to fine); returns metrics. Never ends worse."""
+        cfg = self.cfg
+        m = self.metrics
+        t0 = time.monotonic()
+        if self.cfg.init_colours:
+            self.init_colours_from_frames()
+            self.accepted = dict(self.params)
+        start = self.holdout_residual(self.accepted)
+        m.holdout_l1_start = m.holdout_l1 = start
+        best = start
+        for li in range(len(cfg.levels)):
+            m.level = li
+            fn = self._step_fn(li)
+            warm = cfg.warmup_colour_steps if li == 0 else cfg.colour_steps * 3
+            for _ in range(warm):
+                self._do(fn, False)
+            for _ in range(cfg.cycles_per_level[li]):
+                for _ in range(cfg.colour_steps):
+                    self._do(fn, False)
+                for _ in range(cfg.pose_steps):
+                    self._do(fn, True)
+                m.steps_per_s = m.steps / max(time.monotonic() - t0, 1e-9)
+                if callback is not None:
+                    callback(m)
+                if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
+                    break
+            # accept or reject this level's estimate on held-out frames
+            res = self.holdout_residual(self.params)
+            if np.isfinite(res) and res <= best:
+                best = res
+                self.accepted = dict(self.params)
+                m.accepted += 1
+            else:
+                self.params = dict(self.accepted)
+                self._pose_state = self._pose_opt.init(self.params)
+                self._colour_state = self._colour_opt.init(self.params)
+                m.rejected += 1
+            m.holdout_l1 = best
+            m.history.append((m.steps, m.loss, best))
+            if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
+                break
+        self.params = dict(self.accepted)
+        return m
+
+    def _do(self, fn, pose: bool) -> None:
+        idx = self._sample()
+        params, ps, cs, loss, finite = fn(self.params, self._pose_state, self._colour_state,
+                                          self.bufs, idx, self.nominal, jnp.asarray(pose))
+        self.metrics.steps += 1
+        if not bool(finite):
+            self.metrics.rollbacks += 1
+            return  # keep params and optimiser state: the step is rolled back
+        self.params, self._pose_state, self._colour_state = params, ps, cs
+        self.metrics.loss = float(loss)
+
+    # ------------------------------------------------------------------ results
+    def camera_poses(self, params=None) -> dict[str, tuple[str, np.ndarray]]:
+        """{camera: (parent frame, T_parent_optical [4, 4])} for the current estimate."""
+        params = self.accepted if params is None else params
+        km = self.static.km
+        fixed = [c for c in self.rig.fixed_cameras]
+        mounted = [c for c in self.rig.mounted_cameras]
+        out = {}
+        from realsim_core.se3 import se3_exp
+
+        for i, c in enumerate(fixed):
+            T = np.asarray(km.fixed_nominal[i] @ se3_exp(params["fixed_deltas"][i]), np.float64)
+            out[c.name] = (c.mount, T)
+        for i, c in enumerate(mounted):
+            T = np.asarray(km.mounted_nominal[i] @ se3_exp(params["mounted_deltas"][i]),
+                           np.float64)
+            out[c.name] = (c.mount, T)
+        return out
+
+    def uncertainty(self, level: int = 0, max_frames: int = 8) -> dict:
+        """1-sigma uncertainty of the pose parameters (Gauss-Newton / Laplace at the optimum).
+
+        H = J^T J / s^2 + prior precision over the per-pixel residuals of up to `max_frames`
+        training frames at pyramid `level`, s^2 = their mean squared residual; cov = H^-1.
+        Pixel residuals are not independent, so this is a lower bound on the real spread
+        (docs/calibration.md). Returns {camera: {translation_mm, rotation_deg}} and
+        "joint_offsets": {name: rad}; also stored in `self.std`.
+        """
+        cfg = self.cfg
+        params = self.accepted
+        keys = ("joint_offsets", "fixed_deltas", "mounted_deltas")
+        flat0, unravel = jax.flatten_util.ravel_pytree({k: params[k] for k in keys})
+        static = self.static
+
+        def residual(theta, f):
+            p = {**params, **unravel(theta)}
+            renders = render_batch(static, p, self.bufs.q[f][None],
+                                   p["corrections"][f][None], level)
+            res = []
+            for c, rgb in enumerate(renders):
+                w = jnp.sqrt(static.cam_weight[c] * self.bufs.valid[f, c])
+                res.append((w * (rgb[0] - self.bufs.images[level][c][f])).ravel())
+            return jnp.concatenate(res)
+
+        jac = jax.jit(jax.jacfwd(residual))
+        res_fn = jax.jit(residual)
+        train = np.flatnonzero(np.asarray(self.bufs.train))[:max_frames]
+        P = flat0.shape[0]
+        jtj = np.zeros((P, P))
+        sq, n = 0.0, 0
+        for f in train:
+            J = np.asarray(jac(flat0, jnp.int32(f)), np.float64)
+            r = np.asarray(res_fn(flat0, jnp.int32(f)), np.float64)
+            jtj += J.T @ J
+            sq += float(r @ r)
+            n += r.size
+        s2 = max(sq / max(n - P, 1), 1e-12)
+        prior = {"joint_offsets": np.full(params["joint_offsets"].shape, cfg.prior_joint_rad)}
+        for k in ("fixed_deltas", "mounted_deltas"):
+            sig = np.zeros(params[k].shape)
+            sig[:, :3], sig[:, 3:] = cfg.prior_camera_m, cfg.prior_camera_rad
+            prior[k] = sig
+        prior_flat, _ = jax.flatten_util.ravel_pytree({k: jnp.asarray(prior[k]) for k in keys})
+        H = jtj / s2 + np.diag(1.0 / np.asarray(prior_flat, np.float64) ** 2)
+        cov = np.linalg.inv(H)
+        std = np.sqrt(np.clip(np.diag(cov), 0, None))
+        # flat index of every parameter (ravel_pytree orders dict keys alphabetically)
+        index = {k: np.asarray(v).round().astype(int)
+                 for k, v in unravel(jnp.arange(P, dtype=jnp.float32)).items()}
+        out: dict = {"joint_offsets": dict(zip(static.km.joint_names,
+                                               std[index["joint_offsets"]].tolist()))}
+        for key, cams in (("fixed_deltas", self.rig.fixed_cameras),
+                          ("mounted_deltas", self.rig.mounted_cameras)):
+            for i, c in enumerate(cams):
+                it, ir = index[key][i, :3], index[key][i, 3:]
+                out[c.name] = {
+                    "translation_mm": float(1e3 * np.sqrt(np.trace(cov[np.ix_(it, it)]))),
+                    "rotation_deg": float(np.degrees(np.sqrt(np.trace(cov[np.ix_(ir, ir)])))),
+                }
+        self.std = out
+        return out
+
+    def estimate(self):
+        """The accepted estimate as a `calibration_io.Calibration`."""
+        return _estimate(self, getattr(self, "std", None))
+
+    def joint_offsets(self, params=None) -> dict[str, float]:
+        """{"<arm>/<ros joint>": offset} (rad; m for fingers), rig joint order."""
+        params = self.accepted if params is None else params
+        vals = np.asarray(params["joint_offsets"], np.float64)
+        return dict(zip(self.static.km.joint_names, vals.tolist()))
+
+
+def _estimate(session: CalibrationSession, std: dict | None = None):
+    from realsim_core.calibration_io import Calibration, CameraCalibration
+
+    cams = {}
+    for name, (parent, T) in session.camera_poses().items():
+        spec = session.rig.camera(name)
+        cams[name] = CameraCalibration(parent, spec.optical_frame, T,
+                                       None if std is None else std.get(name))
+    m = session.metrics
+    return Calibration(cameras=cams, joint_offsets=session.joint_offsets(), metrics={
+        "frames": int(session.n_frames), "steps": int(m.steps),
+        "photometric_l1": float(m.holdout_l1), "photometric_l1_start": float(m.holdout_l1_start),
+    })
+
+
+def quat_pose(T: np.ndarray) -> tuple[list[float], list[float]]:
+    """[4, 4] -> (translation [3], rotation_xyzw [4]) as plain lists."""
+    return np.asarray(T[:3, 3], float).tolist(), matrix_to_quat_xyzw(T[:3, :3]).tolist()
+
+
+__all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "quat_pose",
+           "world_gaussians", "quat_xyzw_to_matrix"]
+
+
+# ----------------------------------------------------------------------------- known scene
+def _geom_mesh(model, gid: int):
+    """Triangle mesh of geom `gid` in its geom frame (trimesh), or None if not renderable."""
+    import mujoco
+    import trimesh
+
+    t = model.geom_type[gid]
+    s = model.geom_size[gid]
+    G = mujoco.mjtGeom
+    if t == G.mjGEOM_MESH:
+        mid = model.geom_dataid[gid]
+        v0, nv = model.mesh_vertadr[mid], model.mesh_vertnum[mid]
+        f0, nf = model.mesh_faceadr[mid], model.mesh_facenum[mid]
+        return trimesh.Trimesh(model.mesh_vert[v0:v0 + nv].copy(),
+                               model.mesh_face[f0:f0 + nf].copy(), process=False)
+    if t == G.mjGEOM_BOX:
+        return trimesh.creation.box(extents=2 * s)
+    if t == G.mjGEOM_SPHERE:
+        return trimesh.creation.icosphere(subdivisions=2, radius=s[0])
+    if t == G.mjGEOM_ELLIPSOID:
+        m = trimesh.creation.icosphere(subdivisions=2, radius=1.0)
+        m.apply_scale(s)
+        return m
+    if t == G.mjGEOM_CAPSULE:
+        return trimesh.creation.capsule(height=2 * s[1], radius=s[0], count=[12, 12])
+    if t == G.mjGEOM_CYLINDER:
+        return trimesh.creation.cylinder(radius=s[0], height=2 * s[1], sections=16)
+    if t == G.mjGEOM_PLANE:
+        hx = s[0] if s[0] > 0 else 2.0
+        hy = s[1] if s[1] > 0 else 2.0
+        v = np.array([[-hx, -hy, 0], [hx, -hy, 0], [hx, hy, 0], [-hx, hy, 0]], float)
+        return trimesh.Trimesh(v, np.array([[0, 1, 2], [0, 2, 3]]), process=False)
+    return None
+
+
+def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0,
+                  max_extent_m: float = 1.5, opacity: float = 0.95) -> RigGaussians:
+    """Surfel Gaussians on every visible geom of `model`, placed by area (body frames).
+
+    Each Gaussian sits on a face with its normal scale at float32 eps (surfel), in-plane
+    scale from the sampling density, colour from the geom/material RGBA (textures are
+    learned by the colour steps). Geoms far from the origin (> max_extent_m) are clipped
+    to that box so an infinite floor does not eat the budget.
+    """
+    import mujoco
+
+    rng = np.random.default_rng(seed)
+    parts = []
+    for gid in range(model.ngeom):
+        rgba = model.geom_rgba[gid].copy()
+        if model.geom_matid[gid] >= 0:
+            rgba = model.mat_rgba[model.geom_matid[gid]].copy()
+        if rgba[3] <= 0.01 or model.geom_group[gid] > 2:
+            continue
+        mesh = _geom_mesh(model, gid)
+        if mesh is None or mesh.area <= 0:
+            continue
+        if model.geom_type[gid] == mujoco.mjtGeom.mjGEOM_PLANE:
+            mesh.vertices = np.clip(mesh.vertices, -max_extent_m, max_extent_m)
+        parts.append((gid, mesh, rgba))
+    if not parts:
+        raise RealsimError("the model has no visible geoms to calibrate against")
+    areas = np.array([m.area for _, m, _ in parts])
+    # sqrt(area): large static surfaces (floor, table) would otherwise take nearly the whole
+    # budget and leave the links, which carry the joint-offset signal, a handful each
+    weight = np.sqrt(areas)
+    counts = np.maximum(16, np.round(n_gaussians * weight / weight.sum())).astype(int)
+    bodies, means, quats, scales, colors = [], [], [], [], []
+    for (gid, mesh, rgba), n in zip(parts, counts):
+        pts, fidx = mesh.sample(int(n), return_index=True, seed=int(rng.integers(1 << 31)))
+        normals = mesh.face_normals[fidx]
+        # geom frame -> body frame
+        R = np.zeros(9)
+        mujoco.mju_quat2Mat(R, model.geom_quat[gid])
+        R = R.reshape(3, 3)
+        p_body = pts @ R.T + model.geom_pos[gid]
+        n_body = normals @ R.T
+        # surfel frame: z along the normal
+        zaxis = n_body / np.linalg.norm(n_body, axis=1, keepdims=True)
+        ref = np.where(np.abs(zaxis[:, :1]) < 0.9, [[1.0, 0, 0]], [[0, 1.0, 0]])
+        xaxis = np.cross(ref, zaxis)
+        xaxis /= np.linalg.norm(xaxis, axis=1, keepdims=True)
+        yaxis = np.cross(zaxis, xaxis)
+        Rs = np.stack([xaxis, yaxis, zaxis], -1)
+        q = np.stack([matrix_to_quat_xyzw(r) for r in Rs])
+        s_plane = 0.7 * np.sqrt(mesh.area / n)
+        sc = np.tile([s_plane, s_plane, float(np.finfo(np.float32).eps)], (len(pts), 1))
+        bodies.append(np.full(len(pts), model.geom_bodyid[gid], np.int32))
+        means.append(p_body)
+        quats.append(q)
+        scales.append(sc)
+        colors.append(np.tile(rgba[:3], (len(pts), 1)))
+    cat = np.concatenate
+    n_all = sum(len(b) for b in bodies)
+    return RigGaussians(
+        body=cat(bodies), means=cat(means).astype(np.float32), quats=cat(quats).astype(np.float32),
+        scales=cat(scales).astype(np.float32), colors=cat(colors).astype(np.float32),
+        opacities=np.full(n_all, opacity, np.float32))

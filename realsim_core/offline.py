@@ -1,0 +1,182 @@
+"""Offline calibration of a rosbag2 recording (what `realsim calibrate` runs).
+
+Bag -> frame sets (realsim_core.sync) -> CalibrationSession -> calibration.yaml,
+metrics.json, report.html (+ the `realsim evaluate` table when ground truth sits beside
+the bag).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from realsim_core.errors import RealsimError
+
+
+@dataclass(frozen=True)
+class OfflineOptions:
+    """Options of `realsim calibrate`."""
+
+    rig: str | None = None            # rig file; default: rig.yaml beside the bag
+    max_frames: int = 48
+    n_gaussians: int = 8000
+    time_budget_s: float | None = None
+    steps_scale: float = 1.0          # multiplies the schedule's cycles per level
+    levels: tuple[int, ...] = (2, 1)
+    seed: int = 0
+    progress: bool = True
+
+
+def resolve_bag(path: str | os.PathLike) -> tuple[Path, Path]:
+    """Accept a bag folder or a `realsim synth` output folder -> (bag dir, recording dir)."""
+    p = Path(path)
+    if not p.exists():
+        raise RealsimError(f"bag not found: {p}")
+    if (p / "metadata.yaml").exists() or list(p.glob("*.mcap")) or list(p.glob("*.db3")):
+        return p, p.parent if not (p / "rig.yaml").exists() else p
+    if (p / "bag").is_dir():
+        return p / "bag", p
+    raise RealsimError(f"{p} is neither a rosbag2 folder nor a realsim synth folder")
+
+
+def _find_rig(rec_dir: Path, bag_dir: Path, rig: str | None) -> str:
+    if rig:
+        return rig
+    for cand in (bag_dir / "rig.yaml", rec_dir / "rig.yaml"):
+        if cand.exists():
+            return str(cand)
+    raise RealsimError(f"no rig.yaml beside {bag_dir}; pass --rig RIG (or --rig builtin:aloha2)")
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.total = max(total, 1)
+        self.t0 = time.monotonic()
+
+    def __call__(self, m) -> None:
+        if not self.enabled:
+            return
+        frac = min(m.steps / self.total, 1.0)
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        sys.stderr.write(
+            f"\r[{bar}] {m.steps}/{self.total} steps  {m.steps_per_s:.2f} steps/s  "
+            f"loss {m.loss:.4f}  held-out L1 {m.holdout_l1:.4f}  "
+            f"{time.monotonic() - self.t0:.0f}s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def load_session(bag: str | os.PathLike, opts: OfflineOptions):
+    """Read the bag and build a filled `CalibrationSession` -> (session, rig path, rec dir)."""
+    from realsim_core import calibration as C
+    from realsim_core.bag import read_bag
+    from realsim_core.rig import load_mjmodel, load_rig
+    from realsim_core.sync import assemble_recording
+
+    bag_dir, rec_dir = resolve_bag(bag)
+    rig_path = _find_rig(rec_dir, bag_dir, opts.rig)
+    rig = load_rig(rig_path)
+    model = load_mjmodel(rig)
+    cams = {c.name: (c.image_topic, c.info_topic) for c in rig.cameras}
+    arms = {a.name: (a.joint_states_topic, list(a.ros_joint_names)) for a in rig.arms}
+    rec = read_bag(bag_dir, topics=[t for v in cams.values() for t in v if t]
+                   + [v[0] for v in arms.values()])
+    for w in rec.warnings:
+        print(f"realsim calibrate: warning: {w}", file=sys.stderr)
+    frames, intrinsics, _stats = assemble_recording(rec, cams, arms)
+    if not frames:
+        raise RealsimError(f"{bag_dir}: no synchronised frames (check topics against {rig_path})")
+    for cam in rig.camera_names:
+        if cam not in intrinsics:
+            spec = rig.camera(cam)
+            if spec.intrinsics is None:
+                raise RealsimError(f"camera {cam}: no camera_info in the bag and no intrinsics "
+                                   f"in {rig_path}")
+            print(f"realsim calibrate: warning: {cam}: no camera_info, using the rig file's "
+                  "intrinsics", file=sys.stderr)
+            intrinsics[cam] = spec.intrinsics
+    base = C.CalibrationConfig()
+    cycles = tuple(max(1, round(c * opts.steps_scale)) for c in base.cycles_per_level)
+    n = len(opts.levels)
+    cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed)
+    gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed)
+    session = C.CalibrationSession(rig, model, intrinsics, gauss, cfg,
+                                   max_frames=min(opts.max_frames, len(frames)))
+    # keep an evenly spread subset when the recording is longer than the buffer
+    pick = np.linspace(0, len(frames) - 1, session.max_frames).round().astype(int)
+    for i in pick:
+        fs = frames[i]
+        q = np.concatenate([fs.joints[a.name] for a in rig.arms])
+        session.add_frame({k: v.rgb for k, v in fs.images.items()}, q, fs.stamp_ns)
+    return session, rig_path, rec_dir
+
+
+def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
+                  opts: OfflineOptions) -> dict:
+    """Run the whole offline pipeline; returns the metrics written to metrics.json."""
+    from realsim_core.calibration_io import write_calibration
+
+    t0 = time.monotonic()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    session, rig_path, rec_dir = load_session(bag, opts)
+    t_load = time.monotonic() - t0
+    start_params = dict(session.params)
+    cfg = session.cfg
+    total = cfg.warmup_colour_steps + sum(
+        c * (cfg.colour_steps + cfg.pose_steps) + (cfg.colour_steps * 3 if i else 0)
+        for i, c in enumerate(cfg.cycles_per_level))
+    bar = _Progress(opts.progress, total)
+    try:
+        m = session.run(time_budget_s=opts.time_budget_s, callback=bar)
+    finally:
+        bar.close()
+    session.std = session.uncertainty()
+    calib = session.estimate()
+    write_calibration(out / "calibration.yaml", calib)
+    metrics = {
+        "frames": session.n_frames, "steps": m.steps, "rollbacks": m.rollbacks,
+        "accepted": m.accepted, "rejected": m.rejected,
+        "holdout_l1_start": m.holdout_l1_start, "holdout_l1": m.holdout_l1,
+        "steps_per_s": m.steps_per_s, "load_s": t_load,
+        "wall_s": time.monotonic() - t0, "rig": str(rig_path),
+        "history": m.history,
+    }
+    gt_path = rec_dir / "ground_truth.yaml"
+    if gt_path.exists():
+        from realsim_core.calibration_io import read_ground_truth
+        from realsim_core.evaluate import evaluate, format_report
+
+        gt = read_ground_truth(gt_path)
+        ev, ev0 = evaluate(calib, gt), evaluate(gt.nominal, gt)
+        metrics["evaluation"], metrics["evaluation_nominal"] = ev.to_dict(), ev0.to_dict()
+        metrics["evaluation_table"] = format_report(ev)
+        metrics["evaluation_table_nominal"] = format_report(ev0)
+    (out / "metrics.json").write_text(json.dumps(_plain(metrics), indent=2))
+    from realsim_core.report import write_report
+
+    write_report(out / "report.html", session, start_params, metrics)
+    return metrics
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return None if not math.isfinite(float(x)) else float(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    return x

@@ -1,0 +1,119 @@
+"""`report.html` of an offline calibration: loss curves, residuals and overlays, errors."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _render_all(session, params, frame: int, level: int):
+    from realsim_core.calibration import render_batch
+
+    fn = jax.jit(lambda p, q, c: render_batch(session.static, p, q, c, level))
+    return [np.asarray(x[0]) for x in fn(params, session.bufs.q[frame][None],
+                                        params["corrections"][frame][None])]
+
+
+def residual_figures(session, start_params, frame: int | None = None) -> list[str]:
+    """Per camera: observed, overlay before/after, |residual| before/after (PNG data URIs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    level = len(session.cfg.levels) - 1
+    if frame is None:
+        hold = np.flatnonzero(np.asarray(session.bufs.holdout))
+        frame = int(hold[0]) if hold.size else 0
+    before = _render_all(session, start_params, frame, level)
+    after = _render_all(session, session.accepted, frame, level)
+    figs = []
+    for c, cam in enumerate(session.cameras):
+        if float(session.bufs.valid[frame, c]) == 0:
+            continue
+        obs = np.asarray(session.bufs.images[level][c][frame])
+        fig, ax = plt.subplots(1, 5, figsize=(16, 2.6))
+        panels = [
+            (obs, "observed"),
+            (0.5 * obs + 0.5 * before[c], "overlay, start"),
+            (0.5 * obs + 0.5 * after[c], "overlay, calibrated"),
+            (np.abs(before[c] - obs).mean(-1), "|residual|, start"),
+            (np.abs(after[c] - obs).mean(-1), "|residual|, calibrated"),
+        ]
+        vmax = max(float(panels[3][0].max()), 1e-3)
+        for a, (img, title) in zip(ax, panels):
+            if img.ndim == 2:
+                a.imshow(img, cmap="magma", vmin=0, vmax=vmax)
+            else:
+                a.imshow(np.clip(img, 0, 1))
+            a.set_title(f"{cam}: {title}", fontsize=8)
+            a.axis("off")
+        figs.append(_png(fig))
+    return figs
+
+
+def loss_figure(history) -> str:
+    """Training loss and held-out L1 against steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    if history:
+        h = np.asarray([[s, loss, hold] for s, loss, hold in history], float)
+        ax.plot(h[:, 0], h[:, 1], "o-", label="training loss (last step)")
+        ax.plot(h[:, 0], h[:, 2], "s-", label="held-out L1 (accepted)")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def write_report(path: str | Path, session, start_params, metrics: dict) -> None:
+    """Write a self-contained HTML report (images embedded)."""
+    rows = "".join(
+        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
+        for k, v in metrics.items()
+        if k not in ("history", "evaluation", "evaluation_nominal", "evaluation_table",
+                     "evaluation_table_nominal"))
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>realsim calibration report</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+        "td{padding:2px 8px}img{max-width:100%}</style>",
+        "<h1>realsim calibration report</h1>",
+        f"<table>{rows}</table>",
+        "<h2>Loss</h2>", f"<img src='{loss_figure(metrics.get('history', []))}'>",
+    ]
+    if "evaluation_table" in metrics:
+        parts += ["<h2>Against ground truth</h2><h3>start (nominal)</h3><pre>",
+                  html.escape(metrics["evaluation_table_nominal"]),
+                  "</pre><h3>calibrated</h3><pre>",
+                  html.escape(metrics["evaluation_table"]), "</pre>"]
+    parts.append("<h2>Residuals and overlays (a held-out frame, finest level)</h2>")
+    parts += [f"<img src='{uri}'>" for uri in residual_figures(session, start_params)]
+    Path(path).write_text("\n".join(parts))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.5g}"
+    return str(v)
+
+
+__all__ = ["write_report", "residual_figures", "loss_figure", "jnp"]

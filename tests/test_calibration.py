@@ -1,0 +1,130 @@
+"""Known-answer problems for the calibration engine (seconds of optimisation each).
+
+Targets are rendered by our own splat renderer from the *true* parameters, so the scene
+model can represent them exactly and the optimum is the truth; the MuJoCo-rendered
+end-to-end runs are the benchmark's job (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from realsim_core import calibration as C
+from realsim_core.rig import load_mjmodel, load_rig
+from realsim_core.types import CameraIntrinsics
+
+W, H = 96, 54             # small images keep each step cheap
+N_GAUSS = 3000
+N_FRAMES = 4
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rig = load_rig("builtin:aloha2")
+    model = load_mjmodel(rig)
+    intr = {c: CameraIntrinsics(W, H, 0.9 * W, 0.9 * W, (W - 1) / 2, (H - 1) / 2)
+            for c in rig.camera_names}
+    gauss = C.rig_gaussians(model, N_GAUSS, seed=0)
+    rng = np.random.default_rng(0)
+    J = len(rig.joint_names)
+    qs = [rng.uniform(-0.3, 0.3, J) * np.r_[np.ones(6), 0.05, np.ones(6), 0.05]
+          + np.r_[0, -0.6, 0.6, 0, 0.5, 0, 0.02, 0, -0.6, 0.6, 0, 0.5, 0, 0.02]
+          for _ in range(N_FRAMES)]
+    cfg = C.CalibrationConfig(levels=(1,), cycles_per_level=(25,), warmup_colour_steps=0,
+                              colour_steps=0, pose_steps=4, batch_frames=2,
+                              holdout_fraction=0.0, lr_camera=3e-3, lr_joint=3e-3)
+    session = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=N_FRAMES)
+    return rig, session, qs
+
+
+def _render_targets(session, params, qs):
+    out = []
+    for q in qs:
+        imgs = C.render_batch(session.static, params, jnp.asarray(q, jnp.float32)[None],
+                              jnp.zeros((1, len(q)), jnp.float32), 0)
+        out.append({cam: np.asarray(np.clip(np.asarray(img[0]) * 255, 0, 255), np.uint8)
+                    for cam, img in zip(session.cameras, imgs)})
+    return out
+
+
+def _reset(session, truth_params, qs):
+    session.params = dict(session.nominal, color_logits=session.params["color_logits"],
+                          opacity_logits=session.params["opacity_logits"])
+    session.accepted = dict(session.params)
+    session._pose_state = session._pose_opt.init(session.params)
+    session._colour_state = session._colour_opt.init(session.params)
+    session.n_frames = 0
+    session.stamps = []
+    session.metrics = C.Metrics()
+    for q, imgs in zip(qs, _render_targets(session, truth_params, qs)):
+        session.add_frame(imgs, q, holdout=False)
+
+
+def test_recovers_one_fixed_camera_offset(setup):
+    rig, s, qs = setup
+    cam = "cam_high"
+    ci = [c.name for c in rig.fixed_cameras].index(cam)
+    truth = dict(s.params)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[ci] = [0.006, -0.004, 0.005, 0.004, -0.006, 0.003]   # 8.8 mm, 0.45 deg
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    s.cfg = s.cfg.replace(optimise_joints=False)
+    s._build_optimisers()
+    _reset(s, truth, qs)
+    start = s.holdout_residual()
+    m = s.run()
+    err0 = np.linalg.norm(delta[ci, :3]) * 1e3
+    est = np.asarray(s.accepted["fixed_deltas"][ci])
+    err = np.linalg.norm(est[:3] - delta[ci, :3]) * 1e3
+    rot_err = np.degrees(np.linalg.norm(est[3:] - delta[ci, 3:]))
+    assert m.rollbacks == 0
+    assert s.metrics.holdout_l1 < start
+    assert err < 0.3 * err0, (err0, err, est)
+    assert rot_err < 0.15
+
+
+def test_recovers_one_joint_offset(setup):
+    rig, s, qs = setup
+    truth = dict(s.params)
+    off = np.zeros(len(rig.joint_names), np.float32)
+    j = rig.joint_names.index("follower_left/shoulder")
+    off[j] = 0.02
+    truth["joint_offsets"] = jnp.asarray(off)
+    s.cfg = s.cfg.replace(optimise_joints=True, optimise_cameras=False)
+    s._build_optimisers()
+    _reset(s, truth, qs)
+    s.run()
+    est = np.asarray(s.accepted["joint_offsets"])
+    assert abs(est[j] - 0.02) < 0.006, est[j]
+    others = np.delete(est, j)
+    assert np.max(np.abs(others)) < 0.01, others
+
+
+def test_uncertainty_shrinks_with_more_frames(setup):
+    rig, s, qs = setup
+    truth = dict(s.params)
+    s.cfg = s.cfg.replace(optimise_joints=True, optimise_cameras=True)
+    s._build_optimisers()
+    _reset(s, truth, qs[:1])
+    one = s.uncertainty(max_frames=1)
+    _reset(s, truth, qs)
+    four = s.uncertainty(max_frames=4)
+    assert four["cam_high"]["translation_mm"] < one["cam_high"]["translation_mm"]
+    j = "follower_left/shoulder"
+    assert four["joint_offsets"][j] < one["joint_offsets"][j]
+    assert 0 < four["cam_high"]["translation_mm"] < 50  # below the prior (50 mm)
+
+
+def test_nan_step_is_rolled_back(setup):
+    rig, s, qs = setup
+    _reset(s, dict(s.params), qs)
+    before = {k: np.asarray(v) for k, v in s.params.items()}
+    s.bufs = s.bufs._replace(q=s.bufs.q.at[:].set(jnp.nan))   # every frame poisoned
+    fn = s._step_fn(0)
+    s._do(fn, True)
+    s._do(fn, False)
+    assert s.metrics.rollbacks == 2
+    for k, v in s.params.items():
+        np.testing.assert_array_equal(np.asarray(v), before[k])
