@@ -259,12 +259,17 @@ def test_data_path_outputs_and_services(rcl_node, tmp_path):
         back = read_calibration(out / "calibration.yaml")
         assert all(v == 0.0 for v in back.joint_offsets.values())
         np.testing.assert_allclose(back.cameras["cam_high"].pose, nominal.cameras["cam_high"].pose)
+        # a change after the last save is saved at shutdown
+        assert probe.call(Trigger, "/realsim/reset", Trigger.Request()).success
+        (out / "calibration.yaml").unlink()
         assert proc.poll() is None
     finally:
         probe.destroy()
         rc, _, err = stop_process(proc)
     assert rc == 0, err
     assert "Traceback" not in err
+    assert "(shutdown)" in err, err
+    assert read_calibration(out / "calibration.yaml").joint_offsets == nominal.joint_offsets
 
 
 def test_launch_files_declare_described_arguments():
