@@ -201,3 +201,20 @@ def test_store_resumes_refuses_corrupt_and_moves_it_aside(tmp_path, nominal):
     aside = list(tmp_path.glob("calibration.yaml.corrupt-*"))
     assert len(aside) == 1 and "not, a mapping" in aside[0].read_text()
     assert read_calibration(store.path).joint_offsets == nominal.joint_offsets
+
+
+@needs_ros
+def test_compressed_image_conversion():
+    import cv2
+    from realsim_ros import conversions as conv
+    from sensor_msgs.msg import CompressedImage
+
+    rgb = np.zeros((6, 8, 3), np.uint8)
+    rgb[..., 0] = 200  # red
+    ok, png = cv2.imencode(".png", rgb[..., ::-1])
+    assert ok
+    msg = CompressedImage(format="rgb8; png compressed bgr8", data=png.tobytes())
+    msg.header.stamp.sec, msg.header.stamp.nanosec = 3, 5
+    s = conv.compressed_to_sample(msg)
+    assert s.stamp_ns == 3_000_000_005
+    np.testing.assert_array_equal(s.rgb, rgb)
