@@ -44,9 +44,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def enable_compilation_cache() -> None:
+    """Persist XLA compilations across runs (~/.cache/realsim/jax unless configured).
+
+    Compiling the calibration step takes tens of seconds on a laptop CPU; the cache makes
+    every later run of the same shapes start at once. Set JAX_COMPILATION_CACHE_DIR to
+    move it, or to an empty string to disable it.
+    """
+    import os
+
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if path == "":
+        return
+    import jax
+
+    path = path or os.path.join(os.path.expanduser("~"), ".cache", "realsim", "jax")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("calibrate", "bench", "synth"):
+        enable_compilation_cache()
     try:
         rc = args.func(args)
     except RealsimError as exc:

@@ -34,7 +34,8 @@ def setup():
           for _ in range(N_FRAMES)]
     cfg = C.CalibrationConfig(levels=(1,), cycles_per_level=(25,), warmup_colour_steps=0,
                               colour_steps=0, pose_steps=4, batch_frames=2,
-                              holdout_fraction=0.0, lr_camera=3e-3, lr_joint=3e-3)
+                              holdout_fraction=0.0, lr_camera=3e-3, lr_joint=3e-3,
+                              init_colours=False)  # targets use the initial colours
     session = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=N_FRAMES)
     return rig, session, qs
 
