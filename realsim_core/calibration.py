@@ -179,6 +179,18 @@ def _split_params(params):
     return pose, app
 
 
+def _se3_log_translation(t: np.ndarray, phi: np.ndarray) -> np.ndarray:
+    """Rho such that se3_exp([rho, phi]) has translation t (V(phi) rho = t), float64."""
+    theta = float(np.linalg.norm(phi))
+    k = np.array([[0, -phi[2], phi[1]], [phi[2], 0, -phi[0]], [-phi[1], phi[0], 0]])
+    if theta < 1e-8:
+        v = np.eye(3) + 0.5 * k
+    else:
+        v = (np.eye(3) + (1 - np.cos(theta)) / theta**2 * k
+             + (theta - np.sin(theta)) / theta**3 * (k @ k))
+    return np.linalg.solve(v, t)
+
+
 # ----------------------------------------------------------------------------- core math
 def _colours(params):
     return jax.nn.sigmoid(params["color_logits"]), jax.nn.sigmoid(params["opacity_logits"])
@@ -489,51 +501,107 @@ class CalibrationSession:
         self.params = {**p, "color_logits": jnp.asarray(logits, jnp.float32)}
         self._colour_state = self._colour_opt.init(self.params)
 
+    def start(self) -> float:
+        """Initialise colours (if configured) and the held-out baseline; returns it."""
+        if self.cfg.init_colours:
+            self.init_colours_from_frames()
+            self.accepted = dict(self.params)
+        m = self.metrics
+        m.holdout_l1_start = m.holdout_l1 = self.holdout_residual(self.accepted)
+        self._started = True
+        return m.holdout_l1_start
+
+    def cycle(self, level: int | None = None, colour_steps: int | None = None) -> None:
+        """One alternation: colour steps (poses frozen), then pose steps (colours frozen)."""
+        level = len(self.cfg.levels) - 1 if level is None else level
+        self.metrics.level = level
+        fn = self._step_fn(level)
+        for _ in range(self.cfg.colour_steps if colour_steps is None else colour_steps):
+            self._do(fn, False)
+        for _ in range(self.cfg.pose_steps):
+            self._do(fn, True)
+
+    def try_accept(self) -> bool:
+        """Accept the current parameters iff the held-out L1 did not get worse.
+
+        Otherwise roll back to the accepted estimate (optimiser state reset). Returns
+        whether the estimate was accepted.
+        """
+        m = self.metrics
+        res = self.holdout_residual(self.params)
+        ok = bool(np.isfinite(res) and res <= m.holdout_l1)
+        if ok:
+            self.accepted = dict(self.params)
+            m.holdout_l1 = res
+            m.accepted += 1
+        else:
+            self.params = dict(self.accepted)
+            self._pose_state = self._pose_opt.init(self.params)
+            self._colour_state = self._colour_opt.init(self.params)
+            m.rejected += 1
+        m.history.append((m.steps, m.loss, m.holdout_l1))
+        return ok
+
     def run(self, time_budget_s: float | None = None,
             callback: Callable[[Metrics], None] | None = None) -> Metrics:
         """Run the full schedule (coarse to fine); returns metrics. Never ends worse."""
         cfg = self.cfg
         m = self.metrics
         t0 = time.monotonic()
-        if self.cfg.init_colours:
-            self.init_colours_from_frames()
-            self.accepted = dict(self.params)
-        start = self.holdout_residual(self.accepted)
-        m.holdout_l1_start = m.holdout_l1 = start
-        best = start
+
+        def out_of_time() -> bool:
+            return time_budget_s is not None and time.monotonic() - t0 > time_budget_s
+
+        self.start()
         for li in range(len(cfg.levels)):
-            m.level = li
-            fn = self._step_fn(li)
             warm = cfg.warmup_colour_steps if li == 0 else cfg.colour_steps * 3
-            for _ in range(warm):
-                self._do(fn, False)
+            if warm:
+                self.cycle(li, colour_steps=warm)
             for _ in range(cfg.cycles_per_level[li]):
-                for _ in range(cfg.colour_steps):
-                    self._do(fn, False)
-                for _ in range(cfg.pose_steps):
-                    self._do(fn, True)
+                self.cycle(li)
                 m.steps_per_s = m.steps / max(time.monotonic() - t0, 1e-9)
                 if callback is not None:
                     callback(m)
-                if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
+                if out_of_time():
                     break
-            # accept or reject this level's estimate on held-out frames
-            res = self.holdout_residual(self.params)
-            if np.isfinite(res) and res <= best:
-                best = res
-                self.accepted = dict(self.params)
-                m.accepted += 1
-            else:
-                self.params = dict(self.accepted)
-                self._pose_state = self._pose_opt.init(self.params)
-                self._colour_state = self._colour_opt.init(self.params)
-                m.rejected += 1
-            m.holdout_l1 = best
-            m.history.append((m.steps, m.loss, best))
-            if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
+            self.try_accept()           # this level's estimate, judged on held-out frames
+            if out_of_time():
                 break
         self.params = dict(self.accepted)
         return m
+
+    def set_start(self, joint_offsets: dict[str, float] | None = None,
+                  camera_poses: dict[str, np.ndarray] | None = None) -> None:
+        """Start from a previous calibration: offsets {name: value}, poses {cam: T_mount_opt}.
+
+        Poses become deltas on the rig's nominal (right-applied se(3) logs); the priors
+        still pull towards the rig file's nominal values.
+        """
+        from realsim_core.se3 import so3_log
+
+        p = dict(self.params)
+        if joint_offsets:
+            off = np.asarray(p["joint_offsets"]).copy()
+            for i, name in enumerate(self.static.km.joint_names):
+                off[i] = joint_offsets.get(name, off[i])
+            p["joint_offsets"] = jnp.asarray(off, jnp.float32)
+        if camera_poses:
+            for key, cams, nom in (("fixed_deltas", self.rig.fixed_cameras,
+                                    self.static.km.fixed_nominal),
+                                   ("mounted_deltas", self.rig.mounted_cameras,
+                                    self.static.km.mounted_nominal)):
+                d = np.asarray(p[key]).copy()
+                for i, c in enumerate(cams):
+                    if c.name not in camera_poses:
+                        continue
+                    rel = np.linalg.inv(np.asarray(nom[i], np.float64)) @ camera_poses[c.name]
+                    phi = so3_log(rel[:3, :3])
+                    d[i] = np.r_[_se3_log_translation(rel[:3, 3], phi), phi]
+                p[key] = jnp.asarray(d, jnp.float32)
+        self.params = p
+        self.accepted = dict(p)
+        self._pose_state = self._pose_opt.init(p)
+        self._colour_state = self._colour_opt.init(p)
 
     def _do(self, fn, pose: bool) -> None:
         idx = self._sample()
