@@ -68,6 +68,12 @@ PIP=(pip_quiet "$VPY" -m pip --disable-pip-version-check -q)
 pip_quiet() { "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
 # ---------------------------------------------------------------- Python packages (pinned)
+# Python 3.10 (Ubuntu 22.04, ROS 2 Humble) cannot take the 3.11+ pins: it has its own set.
+CONSTRAINTS=$ROOT/constraints.txt
+if "$VPY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))'; then
+  CONSTRAINTS=$ROOT/requirements/constraints-py310.txt
+  if ((RELOCK)); then die "--relock rewrites constraints.txt and needs Python 3.11+ (3.10: $CONSTRAINTS)"; fi
+fi
 reqs=(-e "$ROOT[dev]")
 if [[ -z "${ROS_DISTRO:-}" ]]; then
   reqs+=(-r "$ROOT/requirements/ros-wheels.txt")
@@ -82,11 +88,13 @@ if ((RELOCK)); then
   } > "$ROOT/constraints.txt"
   log "wrote constraints.txt"
 fi
-pip_key=$(hash_of "$ROOT/constraints.txt" "$ROOT/pyproject.toml" "$ROOT"/requirements/*.txt; echo "${ROS_DISTRO:-wheels}")
+req_files=()
+for f in "$ROOT"/requirements/*.txt; do [[ $f == */constraints-py310.txt ]] || req_files+=("$f"); done
+pip_key=$(hash_of "$CONSTRAINTS" "$ROOT/pyproject.toml" "${req_files[@]}"; echo "${ROS_DISTRO:-wheels}")
 if ! stamp_ok pip "$pip_key"; then
   log "pip: installing pinned packages (first run downloads ~1 GB; later runs skip this)"
-  "${PIP[@]}" install -c "$ROOT/constraints.txt" "${reqs[@]}"
-  "${PIP[@]}" install --no-deps -c "$ROOT/constraints.txt" -r "$ROOT/requirements/test-models.txt"
+  "${PIP[@]}" install -c "$CONSTRAINTS" "${reqs[@]}"
+  "${PIP[@]}" install --no-deps -c "$CONSTRAINTS" -r "$ROOT/requirements/test-models.txt"
   stamp_set pip "$pip_key"
   rm -f "$STAMPS/shim" "$STAMPS/colcon"  # rebuild what links against the wheels
 fi
