@@ -73,8 +73,8 @@ class CalibrationConfig:
     optimise_joints: bool = True
     optimise_cameras: bool = True
     holdout_fraction: float = 0.2
-    tile_size: int = 16
-    capacity: int = 128
+    tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md
+    capacity: int = 64
     seed: int = 0
 
     def replace(self, **kw) -> CalibrationConfig:
@@ -140,7 +140,7 @@ class _Static(NamedTuple):
     gauss: RigGaussians                     # jnp arrays
     intrinsics: tuple                       # [level][camera] CameraIntrinsics (static)
     cam_weight: jnp.ndarray                 # [C]
-    tile_size: int = 16
+    tile_size: int = 8
     capacity: int = 64
 
 
@@ -658,15 +658,24 @@ class CalibrationSession:
                 res.append((w * (rgb[0] - self.bufs.images[level][c][f])).ravel())
             return jnp.concatenate(res)
 
-        jac = jax.jit(jax.jacfwd(residual))
-        res_fn = jax.jit(residual)
-        train = np.flatnonzero(np.asarray(self.bufs.train))[:max_frames]
+        # Jacobian by central differences: the rasteriser has a custom VJP (no forward
+        # mode), and P is small; h is far above float32 render noise, far below the
+        # scale over which the residual stops being linear.
+        h = 1e-3
         P = flat0.shape[0]
+        eye = jnp.eye(P, dtype=flat0.dtype) * h
+        thetas = jnp.concatenate([flat0 + eye, flat0 - eye])     # [2P, P]
+
+        @jax.jit
+        def jac_and_res(f):
+            rs = jax.lax.map(lambda t: residual(t, f), thetas)  # [2P, R]
+            return (rs[:P] - rs[P:]).T / (2 * h), residual(flat0, f)
+
+        train = np.flatnonzero(np.asarray(self.bufs.train))[:max_frames]
         jtj = np.zeros((P, P))
         sq, n = 0.0, 0
         for f in train:
-            J = np.asarray(jac(flat0, jnp.int32(f)), np.float64)
-            r = np.asarray(res_fn(flat0, jnp.int32(f)), np.float64)
+            J, r = (np.asarray(x, np.float64) for x in jac_and_res(jnp.int32(f)))
             jtj += J.T @ J
             sq += float(r @ r)
             n += r.size
@@ -700,6 +709,10 @@ class CalibrationSession:
         """The accepted estimate as a `calibration_io.Calibration`."""
         return _estimate(self, getattr(self, "std", None))
 
+    def estimate_from(self, params):
+        """Any parameter set (e.g. the current, not yet accepted one) as a `Calibration`."""
+        return _estimate(self, None, params)
+
     def joint_offsets(self, params=None) -> dict[str, float]:
         """{"<arm>/<ros joint>": offset} (rad; m for fingers), rig joint order."""
         params = self.accepted if params is None else params
@@ -707,16 +720,16 @@ class CalibrationSession:
         return dict(zip(self.static.km.joint_names, vals.tolist()))
 
 
-def _estimate(session: CalibrationSession, std: dict | None = None):
+def _estimate(session: CalibrationSession, std: dict | None = None, params=None):
     from realsim_core.calibration_io import Calibration, CameraCalibration
 
     cams = {}
-    for name, (parent, T) in session.camera_poses().items():
+    for name, (parent, T) in session.camera_poses(params).items():
         spec = session.rig.camera(name)
         cams[name] = CameraCalibration(parent, spec.optical_frame, T,
                                        None if std is None else std.get(name))
     m = session.metrics
-    return Calibration(cameras=cams, joint_offsets=session.joint_offsets(), metrics={
+    return Calibration(cameras=cams, joint_offsets=session.joint_offsets(params), metrics={
         "frames": int(session.n_frames), "steps": int(m.steps),
         "photometric_l1": float(m.holdout_l1), "photometric_l1_start": float(m.holdout_l1_start),
     })

@@ -15,8 +15,8 @@ from realsim_core import calibration as C
 from realsim_core.rig import load_mjmodel, load_rig
 from realsim_core.types import CameraIntrinsics
 
-W, H = 96, 54             # small images keep each step cheap
-N_GAUSS = 3000
+W, H = 80, 45             # small images keep each step cheap
+N_GAUSS = 2500
 N_FRAMES = 4
 
 
@@ -32,8 +32,8 @@ def setup():
     qs = [rng.uniform(-0.3, 0.3, J) * np.r_[np.ones(6), 0.05, np.ones(6), 0.05]
           + np.r_[0, -0.6, 0.6, 0, 0.5, 0, 0.02, 0, -0.6, 0.6, 0, 0.5, 0, 0.02]
           for _ in range(N_FRAMES)]
-    cfg = C.CalibrationConfig(levels=(1,), cycles_per_level=(25,), warmup_colour_steps=0,
-                              colour_steps=0, pose_steps=4, batch_frames=2,
+    cfg = C.CalibrationConfig(levels=(1,), cycles_per_level=(18,), warmup_colour_steps=0,
+                              colour_steps=0, pose_steps=4, batch_frames=N_FRAMES,
                               holdout_fraction=0.0, lr_camera=3e-3, lr_joint=3e-3,
                               init_colours=False)  # targets use the initial colours
     session = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=N_FRAMES)
@@ -50,9 +50,14 @@ def _render_targets(session, params, qs):
     return out
 
 
+def _fresh(session):
+    """Nominal pose parameters with the session's (fixed) appearance."""
+    return dict(session.nominal, color_logits=session.params["color_logits"],
+                opacity_logits=session.params["opacity_logits"])
+
+
 def _reset(session, truth_params, qs):
-    session.params = dict(session.nominal, color_logits=session.params["color_logits"],
-                          opacity_logits=session.params["opacity_logits"])
+    session.params = _fresh(session)
     session.accepted = dict(session.params)
     session._pose_state = session._pose_opt.init(session.params)
     session._colour_state = session._colour_opt.init(session.params)
@@ -67,7 +72,7 @@ def test_recovers_one_fixed_camera_offset(setup):
     rig, s, qs = setup
     cam = "cam_high"
     ci = [c.name for c in rig.fixed_cameras].index(cam)
-    truth = dict(s.params)
+    truth = _fresh(s)  # earlier tests moved s.params
     delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
     delta[ci] = [0.006, -0.004, 0.005, 0.004, -0.006, 0.003]   # 8.8 mm, 0.45 deg
     truth["fixed_deltas"] = jnp.asarray(delta)
@@ -88,7 +93,7 @@ def test_recovers_one_fixed_camera_offset(setup):
 
 def test_recovers_one_joint_offset(setup):
     rig, s, qs = setup
-    truth = dict(s.params)
+    truth = _fresh(s)  # earlier tests moved s.params
     off = np.zeros(len(rig.joint_names), np.float32)
     j = rig.joint_names.index("follower_left/shoulder")
     off[j] = 0.02
@@ -105,7 +110,7 @@ def test_recovers_one_joint_offset(setup):
 
 def test_uncertainty_shrinks_with_more_frames(setup):
     rig, s, qs = setup
-    truth = dict(s.params)
+    truth = _fresh(s)  # earlier tests moved s.params
     s.cfg = s.cfg.replace(optimise_joints=True, optimise_cameras=True)
     s._build_optimisers()
     _reset(s, truth, qs[:1])
@@ -120,7 +125,7 @@ def test_uncertainty_shrinks_with_more_frames(setup):
 
 def test_nan_step_is_rolled_back(setup):
     rig, s, qs = setup
-    _reset(s, dict(s.params), qs)
+    _reset(s, _fresh(s), qs)
     before = {k: np.asarray(v) for k, v in s.params.items()}
     s.bufs = s.bufs._replace(q=s.bufs.q.at[:].set(jnp.nan))   # every frame poisoned
     fn = s._step_fn(0)
