@@ -63,11 +63,11 @@ class CalibrationConfig:
     fixed_weight: float = 1.0                    # image weight of fixed cameras
     wrist_weight: float = 0.1                    # image weight of wrist cameras
     ssim_lambda: float = 0.2
-    prior_weight: float = 1e-3                   # weight of the prior term vs the image loss
+    prior_weight: float = 0.02                   # weight of the prior term vs the image loss
     init_colours: bool = True                    # colours from the images before fitting
-    prior_joint_rad: float = 0.1                 # 1-sigma priors towards nominal
-    prior_camera_m: float = 0.05
-    prior_camera_rad: float = 0.1
+    prior_joint_rad: float = 0.05                # 1-sigma priors towards nominal
+    prior_camera_m: float = 0.02
+    prior_camera_rad: float = 0.035
     prior_correction_rad: float = 0.003
     per_frame_corrections: bool = False
     optimise_joints: bool = True
@@ -175,7 +175,7 @@ class Metrics:
 def _split_params(params):
     pose = {k: params[k] for k in ("joint_offsets", "fixed_deltas", "mounted_deltas",
                                    "corrections")}
-    app = {k: params[k] for k in ("color_logits", "opacity_logits")}
+    app = {k: params[k] for k in ("color_logits", "opacity_logits", "background_logits")}
     return pose, app
 
 
@@ -203,8 +203,9 @@ def render_frame(static: _Static, params, q, corr, level: int, cam: int):
     means, quats = world_gaussians(static.gauss, poses.bodies)
     colors, opac = _colours(params)
     return rasterize(means, quats, static.gauss.scales, opac, colors, poses.cameras[cam],
-                     static.intrinsics[level][cam], tile_size=static.tile_size,
-                     capacity=static.capacity)
+                     static.intrinsics[level][cam],
+                     background=jax.nn.sigmoid(params["background_logits"][cam]),
+                     tile_size=static.tile_size, capacity=static.capacity)
 
 
 def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]]:
@@ -224,14 +225,16 @@ def render_batch(static: _Static, params, q, corr, level: int):
     out: list = [None] * len(static.intrinsics[level])
     for intr, cams in _camera_groups(static.intrinsics[level]):
         cam_idx = jnp.asarray(cams, jnp.int32)
+        bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, 3]
 
-        def one(m, qu, pose, intr=intr):
+        def one(m, qu, pose, bg, intr=intr):
             return rasterize(m, qu, static.gauss.scales, opac, colors, pose, intr,
-                             tile_size=static.tile_size, capacity=static.capacity).rgb
+                             background=bg, tile_size=static.tile_size,
+                             capacity=static.capacity).rgb
 
         # [B, k] renders: frames x cameras of this group, one trace
-        per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0)), in_axes=(0, 0, 0))(
-            means, quats, poses.cameras[:, cam_idx])
+        per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0)), in_axes=(0, 0, 0, None))(
+            means, quats, poses.cameras[:, cam_idx], bgs)
         for j, c in enumerate(cams):
             out[c] = per_cam[:, j]
     return out
@@ -301,6 +304,8 @@ class CalibrationSession:
             "corrections": jnp.zeros((self.max_frames, J), jnp.float32),
             "color_logits": jnp.asarray(_logit(np.asarray(gaussians.colors)), jnp.float32),
             "opacity_logits": jnp.asarray(_logit(np.asarray(gaussians.opacities)), jnp.float32),
+            # what no rig geom covers (sky box, far walls): one learned colour per camera
+            "background_logits": jnp.zeros((len(self.cameras), 3), jnp.float32),
         }
         self.nominal = {**self.nominal, "corrections": self.params["corrections"]}
         F = self.max_frames
@@ -332,11 +337,12 @@ class CalibrationSession:
             "mounted_deltas": optax.adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
             "corrections": (optax.adam(cfg.lr_correction) if cfg.per_frame_corrections
                             else zero()),
-            "color_logits": zero(), "opacity_logits": zero(),
+            "color_logits": zero(), "opacity_logits": zero(), "background_logits": zero(),
         }
         colour_tx = {k: zero() for k in pose_tx}
         colour_tx["color_logits"] = optax.adam(cfg.lr_colour)
         colour_tx["opacity_logits"] = optax.adam(cfg.lr_colour)
+        colour_tx["background_logits"] = optax.adam(cfg.lr_colour)
         labels = {k: k for k in pose_tx}
         self._pose_opt = optax.chain(optax.clip_by_global_norm(10.0),
                                      optax.multi_transform(pose_tx, labels))

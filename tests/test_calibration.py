@@ -52,8 +52,8 @@ def _render_targets(session, params, qs):
 
 def _fresh(session):
     """Nominal pose parameters with the session's (fixed) appearance."""
-    return dict(session.nominal, color_logits=session.params["color_logits"],
-                opacity_logits=session.params["opacity_logits"])
+    appearance = ("color_logits", "opacity_logits", "background_logits")
+    return dict(session.nominal, **{k: session.params[k] for k in appearance})
 
 
 def _reset(session, truth_params, qs):
@@ -120,7 +120,8 @@ def test_uncertainty_shrinks_with_more_frames(setup):
     assert four["cam_high"]["translation_mm"] < one["cam_high"]["translation_mm"]
     j = "follower_left/shoulder"
     assert four["joint_offsets"][j] < one["joint_offsets"][j]
-    assert 0 < four["cam_high"]["translation_mm"] < 50  # below the prior (50 mm)
+    prior_mm = 1e3 * s.cfg.prior_camera_m * np.sqrt(3)
+    assert 0 < four["cam_high"]["translation_mm"] < prior_mm  # the images add information
 
 
 def test_nan_step_is_rolled_back(setup):
