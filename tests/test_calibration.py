@@ -13,6 +13,7 @@ import pytest
 
 from realsim_core import calibration as C
 from realsim_core.rig import load_mjmodel, load_rig
+from realsim_core.se3 import se3_exp
 from realsim_core.types import CameraIntrinsics
 
 W, H = 80, 45             # small images keep each step cheap
@@ -135,3 +136,42 @@ def test_nan_step_is_rolled_back(setup):
     assert s.metrics.rollbacks == 2
     for k, v in s.params.items():
         np.testing.assert_array_equal(np.asarray(v), before[k])
+
+
+def test_online_estimator_improves_and_only_publishes_accepted(setup):
+    """The node's engine adapter: frames in, bounded steps, an accepted better estimate."""
+    from realsim_core.online import nominal_calibration
+    from realsim_core.online_engine import SessionEstimator
+    from realsim_core.sync import FrameSet
+    from realsim_core.types import ImageSample
+
+    rig, s, qs = setup
+    cam = "cam_low"
+    ci = [c.name for c in rig.fixed_cameras].index(cam)
+    truth = _fresh(s)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[ci] = [-0.005, 0.006, 0.0, 0.0, 0.004, -0.005]
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    cfg = s.cfg.replace(optimise_joints=False, optimise_cameras=True)
+    est = SessionEstimator(rig, nominal_calibration(rig), config=cfg, max_frames=N_FRAMES,
+                           min_frames=N_FRAMES, n_gaussians=N_GAUSS, accept_every=3,
+                           holdout_every=10**6)
+    assert est.step() is False and est.state.startswith("waiting")
+    intr = s.full_intrinsics
+    n = len(rig.arms[0].ros_joint_names)
+    for k, (q, imgs) in enumerate(zip(qs, _render_targets(s, truth, qs))):
+        frame = FrameSet(stamp_ns=k, images={c: ImageSample(k, im) for c, im in imgs.items()},
+                         joints={a.name: np.asarray(q[i * n:(i + 1) * n])
+                                 for i, a in enumerate(rig.arms)})
+        est.add_frame(frame, intr, keyframe=True)
+    start_pose = est.estimate().cameras[cam].pose.copy()
+    improved = [est.step() for _ in range(12)]
+    assert est.state == "optimising"
+    assert any(improved)
+    pose = est.estimate().cameras[cam].pose
+    nominal = np.asarray(s.static.km.fixed_nominal[ci], np.float64)
+    true_pose = nominal @ np.asarray(se3_exp(delta[ci]), np.float64)
+    err = lambda T: np.linalg.norm(T[:3, 3] - true_pose[:3, 3])  # noqa: E731
+    assert err(pose) < 0.7 * err(start_pose), (err(start_pose), err(pose))
+    m = est.metrics()
+    assert m["accepted"] >= 1 and m["holdout_l1"] <= m["holdout_l1_start"]
