@@ -474,16 +474,17 @@ class CalibrationNode(Node):
                            f"file's intrinsics ({base.width}x{base.height})")
             source = "rig"
         else:
-            base, source = info, "camera_info"
+            base, source, waited = info, "camera_info", False
         if (base.width, base.height) != (w, h):
             if abs(w / h - base.width / base.height) > ASPECT_TOLERANCE * (w / h):
                 self._reject(f"{cam}/image/size_mismatch",
                              f"{cam}: image {w}x{h} does not match the {source} size "
                              f"{base.width}x{base.height} (aspect differs); images dropped")
                 return None
-            self._warn(f"{cam}/rescaled",
-                       f"{cam}: image {w}x{h} != {source} {base.width}x{base.height}; "
-                       "intrinsics rescaled to the image")
+            if source == "camera_info" or waited:  # not while camera_info is due any moment
+                self._warn(f"{cam}/rescaled",
+                           f"{cam}: image {w}x{h} != {source} {base.width}x{base.height}; "
+                           "intrinsics rescaled to the image")
             base = base.scaled(w, h)
         if self._used_intrinsics.get(cam) != base:
             self._used_intrinsics[cam] = base
