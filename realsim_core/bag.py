@@ -536,6 +536,12 @@ class _OpenBag:
         return self.reader.messages(conns)
 
 
+def bag_topics(path: str | Path, topics: Iterable[str] | None = None) -> dict[str, str]:
+    """{topic: "pkg/msg/Type"} of a bag, from its index (no message is read)."""
+    with _OpenBag(path) as bag:
+        return {c.topic: c.msgtype for c in bag.select(topics)}
+
+
 def iter_raw(
     path: str | Path, topics: Iterable[str] | None = None
 ) -> Iterator[tuple[str, str, int, bytes]]:

@@ -230,7 +230,7 @@ class CalibrationNode(Node):
                 JointState, f"~/{arm}/joint_states", 10)  # reliable: matches any reader
             self._subscribe(f"{arm}/joint_states", JointState,
                             self.get_parameter(f"{arm}.joint_states_topic").value,
-                            lambda m, a=arm: self._on_joint_state(a, m))
+                            lambda m, a=arm: self._on_joint_state(a, m), depth=100)
 
         # outputs
         latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL,
@@ -396,10 +396,12 @@ class CalibrationNode(Node):
 
     # ------------------------------------------------------------------ inputs
     def _subscribe(self, key, msg_type, topic, handler, optional: bool = False,
-                   track_gaps: bool = False) -> None:
+                   track_gaps: bool = False, depth: int | None = None) -> None:
         """Subscribe with sensor-data QoS; `track_gaps` for periodic streams (images).
 
-        With `track_gaps`, messages missed are estimated from stamp gaps.
+        With `track_gaps`, messages missed are estimated from stamp gaps. `depth` overrides
+        the profile's queue depth (5): small, fast streams (joint states at 50+ Hz) need a
+        longer queue so a callback busy decoding an image does not drop them.
         """
         counter = _TopicCounter(topic, optional)
         self._counters[key] = counter
@@ -418,12 +420,16 @@ class CalibrationNode(Node):
         def lost(info, counter=counter) -> None:
             counter.lost = int(info.total_count)
 
+        qos = qos_profile_sensor_data
+        if depth is not None:
+            qos = QoSProfile(depth=depth, reliability=qos.reliability,
+                             durability=qos.durability, history=qos.history)
         try:
             events = SubscriptionEventCallbacks(message_lost=lost)
-            sub = self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data,
+            sub = self.create_subscription(msg_type, topic, callback, qos,
                                            event_callbacks=events)
         except UnsupportedEventTypeError:  # the RMW cannot report lost samples
-            sub = self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
+            sub = self.create_subscription(msg_type, topic, callback, qos)
         self._subs.append(sub)
 
     def counts(self) -> dict[str, int]:

@@ -103,7 +103,8 @@ def main(argv=None) -> int:
         if not last:
             raise SystemExit("[demo] the node published no diagnostics within 60 s")
         replay_cmd = [sys.executable, "-m", "realsim_ros.replay", str(bag),
-                      "--rate", str(args.rate), "--wait-for-subscribers", "10"]
+                      "--rate", str(args.rate), "--wait-for-subscribers", "10",
+                      "--no-clock"]  # the node runs on wall time here
         print(f"[demo] replay: {' '.join(replay_cmd)}", flush=True)
         replay_proc = subprocess.Popen(replay_cmd)
         while replay_proc.poll() is None:

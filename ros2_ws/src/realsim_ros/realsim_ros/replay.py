@@ -19,13 +19,13 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 
-from realsim_core.bag import iter_raw
+from realsim_core.bag import bag_topics, iter_raw
 from realsim_core.errors import RealsimError
 
 CLOCK_PERIOD_S = 0.01  # /clock at 100 Hz between messages
 # A publisher sees a subscription before that subscriber has matched the publisher; a
 # best-effort reader drops what arrives in between. Give the reverse match this long.
-MATCH_SETTLE_S = 0.25
+MATCH_SETTLE_S = 1.0
 
 
 def message_class(msgtype: str):
@@ -53,28 +53,23 @@ def _stamp_msg(ns: int):
 def replay(node, bag: str, rate: float = 1.0, loop: bool = False, topics=None,
            clock: bool = True, wait_for_subscribers_s: float = 0.0) -> int:
     """Publish `bag` through `node`; returns the number of messages published."""
-    publishers: dict[str, object] = {}
+    # every publisher exists before the first message, so discovery runs for all at once
+    publishers = {t: node.create_publisher(message_class(m), t, _qos_for(t))
+                  for t, m in bag_topics(bag, topics).items()}
     clock_pub = node.create_publisher(Clock, "/clock", 10) if clock else None
     published = 0
-    first_pass = True
-    wait_deadline = time.monotonic() + wait_for_subscribers_s  # one budget for all topics
+    if wait_for_subscribers_s > 0:
+        deadline = time.monotonic() + wait_for_subscribers_s  # one budget for all topics
+        waiting = [*publishers.values(), *([clock_pub] if clock_pub else [])]
+        while (any(p.get_subscription_count() == 0 for p in waiting)
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        time.sleep(MATCH_SETTLE_S)
     while True:
         t0_wall = None
         t0_bag = None
         last_clock = -1.0
-        for topic, msgtype, stamp_ns, data in iter_raw(bag, topics):
-            if topic not in publishers:
-                publishers[topic] = node.create_publisher(
-                    message_class(msgtype), topic, _qos_for(topic)
-                )
-                if first_pass and wait_for_subscribers_s > 0:
-                    waited_from = time.monotonic()
-                    while (publishers[topic].get_subscription_count() == 0
-                           and time.monotonic() < wait_deadline):
-                        time.sleep(0.02)
-                    time.sleep(MATCH_SETTLE_S)
-                    if t0_wall is not None:  # waiting is not playback time: no burst after it
-                        t0_wall += time.monotonic() - waited_from
+        for topic, _msgtype, stamp_ns, data in iter_raw(bag, topics):
             if t0_wall is None:
                 t0_wall, t0_bag = time.monotonic(), stamp_ns
             target = t0_wall + (stamp_ns - t0_bag) / 1e9 / rate
@@ -89,7 +84,6 @@ def replay(node, bag: str, rate: float = 1.0, loop: bool = False, topics=None,
                 time.sleep(min(target - now, CLOCK_PERIOD_S))
             publishers[topic].publish(data)
             published += 1
-        first_pass = False
         if not loop or not rclpy.ok():
             return published
 
