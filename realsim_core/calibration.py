@@ -41,7 +41,7 @@ from realsim_core import kinematics, losses
 from realsim_core.errors import RealsimError
 from realsim_core.render import rasterize
 from realsim_core.rig import Rig
-from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix
+from realsim_core.se3 import matrix_to_quat_xyzw
 from realsim_core.types import CameraIntrinsics
 
 
@@ -747,7 +747,7 @@ def quat_pose(T: np.ndarray) -> tuple[list[float], list[float]]:
 
 
 __all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "quat_pose",
-           "world_gaussians", "quat_xyzw_to_matrix"]
+           "render_batch", "rig_gaussians", "world_gaussians"]
 
 
 # ----------------------------------------------------------------------------- known scene

@@ -8,7 +8,6 @@ import io
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -116,4 +115,4 @@ def _fmt(v) -> str:
     return str(v)
 
 
-__all__ = ["write_report", "residual_figures", "loss_figure", "jnp"]
+__all__ = ["write_report", "residual_figures", "loss_figure"]
