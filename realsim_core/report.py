@@ -29,7 +29,11 @@ def _render_all(session, params, frame: int, level: int):
 
 
 def residual_figures(session, start_params, frame: int | None = None) -> list[str]:
-    """Per camera: observed, overlay before/after, |residual| before/after (PNG data URIs)."""
+    """Per camera: observed, overlay and |residual| at the start poses and calibrated.
+
+    Both renders use the fitted appearance, so the difference is the geometry alone.
+    Returns PNG data URIs.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +43,10 @@ def residual_figures(session, start_params, frame: int | None = None) -> list[st
     if frame is None:
         hold = np.flatnonzero(np.asarray(session.bufs.holdout))
         frame = int(hold[0]) if hold.size else 0
-    before = _render_all(session, start_params, frame, level)
+    # the start poses rendered with the fitted appearance: shows misalignment, not colour
+    pose_keys = ("joint_offsets", "fixed_deltas", "mounted_deltas", "corrections")
+    start = {**session.accepted, **{k: start_params[k] for k in pose_keys}}
+    before = _render_all(session, start, frame, level)
     after = _render_all(session, session.accepted, frame, level)
     figs = []
     for c, cam in enumerate(session.cameras):
