@@ -1,0 +1,50 @@
+"""`realsim calibrate` end to end on a tiny MuJoCo-rendered recording (outputs, not accuracy).
+
+Accuracy on real-size recordings is measured by the calib-std benchmark (README).
+"""
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from realsim_core.calibration_io import read_calibration
+
+
+def _realsim(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "realsim_core", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_calibrate_writes_contract_outputs(tmp_path):
+    rec = tmp_path / "rec"
+    res = _realsim("synth", str(rec), "--frames", "5", "--resolution", "64x36", "--objects", "0",
+                   "--seed", "3")
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "cal"
+    res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.1",
+                   "--gaussians", "1500", "--max-frames", "5", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "TCP error" in res.stdout                      # evaluate table printed
+    cal = read_calibration(out / "calibration.yaml")     # parses with the contract reader
+    assert set(cal.cameras) == {"cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"}
+    assert len(cal.joint_offsets) == 14
+    raw = yaml.safe_load((out / "calibration.yaml").read_text())
+    std = raw["cameras"]["cam_high"]["std"]
+    assert std["translation_mm"] > 0 and std["rotation_deg"] > 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["holdout_l1"] <= m["holdout_l1_start"]       # never worse than the start
+    assert m["evaluation"]["tcp_mm"] is not None
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
+
+
+def test_calibrate_bad_input_is_one_line(tmp_path):
+    res = _realsim("calibrate", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"realsim calibrate: error: bag not found: {tmp_path / 'missing'}"]
+    res = _realsim("calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--levels", "x")
+    assert res.returncode == 1
+    assert "--levels must be comma-separated integers" in res.stderr
