@@ -206,22 +206,16 @@ def bench_calib_std(quick: bool = False, workdir: str | None = None) -> dict:
                 max(c.rotation_deg for c in cams))
 
     tcp0, t_err0, r_err0 = score(session.params)
-    session.start()
-    levels = session.cfg.levels
-    for li in range(len(levels)):
-        session.cycle(li, colour_steps=session.cfg.warmup_colour_steps if li == 0 else None)
-        for _ in range(session.cfg.cycles_per_level[li]):
-            session.cycle(li)
-            ts = time.monotonic()
-            tcp, t_err, r_err = score(session.params)
-            paused += time.monotonic() - ts
-            if reached is None and tcp < 2.0 and t_err < 2.0 and r_err < 0.1:
-                reached = time.monotonic() - t0 - paused
-            if time.monotonic() - t0 - paused > budget:
-                break
-        session.try_accept()
-        if time.monotonic() - t0 - paused > budget:
-            break
+
+    def monitor(_metrics):  # after every cycle: score the current (not yet accepted) estimate
+        nonlocal paused, reached
+        ts = time.monotonic()
+        tcp, t_err, r_err = score(session.params)
+        paused += time.monotonic() - ts
+        if reached is None and tcp < 2.0 and t_err < 2.0 and r_err < 0.1:
+            reached = time.monotonic() - t0 - paused
+
+    session.run(time_budget_s=budget, callback=monitor)
     tcp, t_err, r_err = score(session.accepted)
     res.update({
         "tcp_start_mm": round(tcp0, 3), "tcp_final_mm": round(tcp, 3),

@@ -168,15 +168,7 @@ class Metrics:
     rollbacks: int = 0
     level: int = 0
     steps_per_s: float = 0.0
-    per_camera_l1: dict = field(default_factory=dict)
     history: list = field(default_factory=list)   # (step, loss, holdout) tuples
-
-
-def _split_params(params):
-    pose = {k: params[k] for k in ("joint_offsets", "fixed_deltas", "mounted_deltas",
-                                   "corrections")}
-    app = {k: params[k] for k in ("color_logits", "opacity_logits", "background_logits")}
-    return pose, app
 
 
 def _se3_log_translation(t: np.ndarray, phi: np.ndarray) -> np.ndarray:
@@ -194,18 +186,6 @@ def _se3_log_translation(t: np.ndarray, phi: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- core math
 def _colours(params):
     return jax.nn.sigmoid(params["color_logits"]), jax.nn.sigmoid(params["opacity_logits"])
-
-
-def render_frame(static: _Static, params, q, corr, level: int, cam: int):
-    """Render camera `cam` of one frame at pyramid `level` -> RenderOutput (for reports)."""
-    poses = kinematics.forward(static.km, q, params["joint_offsets"], corr,
-                               params["fixed_deltas"], params["mounted_deltas"])
-    means, quats = world_gaussians(static.gauss, poses.bodies)
-    colors, opac = _colours(params)
-    return rasterize(means, quats, static.gauss.scales, opac, colors, poses.cameras[cam],
-                     static.intrinsics[level][cam],
-                     background=jax.nn.sigmoid(params["background_logits"][cam]),
-                     tile_size=static.tile_size, capacity=static.capacity)
 
 
 def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]]:
@@ -322,7 +302,6 @@ class CalibrationSession:
         self._rng = np.random.default_rng(self.cfg.seed)
         self._build_optimisers()
         self.accepted = dict(self.params)
-        self._level = 0
 
     # ------------------------------------------------------------------ optimisers
     def _build_optimisers(self):
@@ -741,13 +720,8 @@ def _estimate(session: CalibrationSession, std: dict | None = None, params=None)
     })
 
 
-def quat_pose(T: np.ndarray) -> tuple[list[float], list[float]]:
-    """[4, 4] -> (translation [3], rotation_xyzw [4]) as plain lists."""
-    return np.asarray(T[:3, 3], float).tolist(), matrix_to_quat_xyzw(T[:3, :3]).tolist()
-
-
-__all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "quat_pose",
-           "render_batch", "rig_gaussians", "world_gaussians"]
+__all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "render_batch",
+           "rig_gaussians", "world_gaussians"]
 
 
 # ----------------------------------------------------------------------------- known scene
