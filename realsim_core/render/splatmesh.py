@@ -83,8 +83,12 @@ def allocate_counts(areas, mean_per_face: float = 12.0, lo: int = MIN_PER_FACE,
 
 
 def build_model(parts: list[MeshPart], *, mean_per_face: float = 12.0, sh_degree: int = 0,
-                opacity: float = 0.9, seed: int = 0):
+                opacity: float = 0.9, seed: int = 0, min_per_face: int = MIN_PER_FACE,
+                max_per_face: int = MAX_PER_FACE):
     """SplatMeshModel + initial params for a list of mesh parts.
+
+    `min_per_face`/`max_per_face` clip the per-face counts (paper: 6-20; lower them for
+    small CPU budgets, e.g. object reconstruction with 1-4 Gaussians per face).
 
     Returns (model, params) with params:
       vertices [V, 3] m (each part's own frame), bary_logits [G, 3], log_scales [G, 2]
@@ -107,7 +111,7 @@ def build_model(parts: list[MeshPart], *, mean_per_face: float = 12.0, sh_degree
     face_part = np.concatenate(face_part).astype(np.int32)
     tri = verts[faces]
     areas = 0.5 * np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
-    counts = allocate_counts(areas, mean_per_face, seed=seed)
+    counts = allocate_counts(areas, mean_per_face, lo=min_per_face, hi=max_per_face, seed=seed)
     gauss_face = np.repeat(np.arange(len(faces)), counts).astype(np.int32)
     g = len(gauss_face)
     # uniform barycentric samples (reflection trick) -> logits
@@ -156,6 +160,9 @@ def gaussians_in_world(model: SplatMeshModel, params: dict, body_poses,
                        clamp_opacity: bool = False) -> WorldGaussians:
     """Place every Gaussian in the world frame.
 
+    Surfel constraint: the scale along the face normal is `SURFEL_SCALE`, unless `params`
+    carries `log_scale_normal` [G] (log metres): then that learned scale is used (the
+    paper's "without surfels" ablation).
     body_poses: [nbody, 4, 4] T_world_body (e.g. from MuJoCo/MJX kinematics; free objects
     are bodies too). clamp_opacity: use opacity 1 for every Gaussian (paper B.2.2).
     Differentiable w.r.t. params (vertices included) and body_poses.
@@ -173,8 +180,11 @@ def gaussians_in_world(model: SplatMeshModel, params: dict, body_poses,
     t = e1 / jnp.linalg.norm(e1, axis=-1, keepdims=True)
     b = jnp.cross(n, t)
     rot = jnp.stack([t, b, n], -1)  # columns: tangent, bitangent, normal
-    s = jnp.concatenate([jnp.exp(params["log_scales"]),
-                         jnp.full(means.shape[:1] + (1,), SURFEL_SCALE, means.dtype)], -1)
+    if "log_scale_normal" in params:
+        s_n = jnp.exp(params["log_scale_normal"])[:, None]
+    else:
+        s_n = jnp.full(means.shape[:1] + (1,), SURFEL_SCALE, means.dtype)
+    s = jnp.concatenate([jnp.exp(params["log_scales"]), s_n], -1)
     m = rot * s[:, None, :]
     covars = m @ jnp.swapaxes(m, -1, -2)
     if clamp_opacity:

@@ -1,0 +1,638 @@
+"""Unknown objects -> metric meshes with Gaussian appearance (paper 4.2-5.3, app. B.2).
+
+Per object: an icosphere (642 vertices, 5 cm radius by default) is placed at the
+least-squares intersection of the camera rays through the object's mask centroids, then
+a global translation, per-vertex deltas (connectivity fixed) and the SplatMesh Gaussians
+(`render/splatmesh.py`, one free part per object) are optimised with Adam (optax), jointly
+with small se(3) deltas of every camera (right-applied, optical frame, Gaussian prior).
+
+Losses (weights in `ObjectConfig`, defaults documented in docs/objects.md):
+- photometric: L1 between the render (black background) and the masked observation;
+- hard mask: L2 between the rendered alpha and the mask;
+- soft mask: the same squared difference weighted by (EDT / soft_mask_px)^2, EDT the
+  Euclidean distance (pixels) to the mask boundary on either side
+  (`scipy.ndimage.distance_transform_edt`), so a silhouette far from the mask still gets
+  a gradient that grows with the distance (paper's "L2 against the squared EDT");
+- normal consistency (optional, when views carry normal images): L2 between rendered
+  camera-frame normals and the given ones;
+- Laplacian smoothing: mean over vertices of |v_i - mean of its neighbours|^2 (mm^2);
+- edge length: variance of the edge lengths (mm^2).
+
+Views are warped once into per-object *virtual cameras*: same centre, rotated to look at
+the object, square `crop_px` images with one focal length per object. A rotation about
+the centre is an exact homography, so nothing is approximated, and every view of an
+object shares one static `CameraIntrinsics` (one compile, a vmapped batch of views).
+
+Static model vs dynamic state (style.md): `_Static` (faces, edges, SplatMesh structure,
+virtual-view images/masks/EDTs, intrinsics) is closed over; the step is a pure jitted
+function of (params, optimiser state, view indices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from realsim_core.errors import RealsimError
+from realsim_core.types import CameraIntrinsics
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class ObjectConfig:
+    """Hyper-parameters of object reconstruction (defaults: docs/objects.md)."""
+
+    steps: int = 600                  # Adam steps per object
+    batch_views: int = 4              # views rendered per step
+    crop_px: int = 96                 # virtual view size (square)
+    max_views: int = 32               # views kept per object (most informative first)
+    subdivisions: int = 3             # icosphere: 3 -> 642 vertices, 1280 faces
+    init_radius_m: float = 0.05       # icosphere radius
+    mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
+    min_per_face: int = 1
+    max_per_face: int = 8
+    clamp_opacity: bool = True        # opacity 1 for every Gaussian (paper B.2.2)
+    surfel: bool = True               # normal scale = float32 eps (False: learned)
+    refine_cameras: bool = True
+    # loss weights
+    w_photo: float = 1.0
+    w_mask: float = 1.0
+    w_smask: float = 0.05
+    soft_mask_px: float = 8.0         # EDT distance (virtual px) with weight 1
+    w_normal: float = 0.0             # only used when views carry normals
+    w_laplacian: float = 0.05         # per mm^2
+    w_edge: float = 0.01              # per mm^2
+    w_camera_prior: float = 1e-3
+    prior_camera_m: float = 0.005     # 1-sigma of the camera deltas
+    prior_camera_rad: float = 0.01
+    # Adam learning rates (cosine decay to 10 % over the run)
+    lr_translation: float = 2e-3      # m
+    lr_vertices: float = 1e-3         # m
+    lr_gaussians: float = 1e-2        # logits / log-scales / SH
+    lr_camera: float = 1e-4           # se(3) units (m, rad)
+    tile_size: int = 8
+    capacity: int = 64
+    seed: int = 0
+
+    def replace(self, **kw) -> ObjectConfig:
+        return dataclasses.replace(self, **kw)
+
+
+class View(NamedTuple):
+    """One observation of the scene by one camera.
+
+    image: [H, W, 3] uint8 (or float in [0, 1]); T_world_cam: [4, 4] optical frame in world
+    (m); intrinsics: pinhole (pixels); camera: index of the physical camera (views of one
+    camera share one extrinsic delta); mask: [H, W] bool of *this object* (set per object);
+    normals: optional [H, W, 3] unit camera-frame normals (for the normal loss).
+    """
+
+    image: np.ndarray
+    T_world_cam: np.ndarray
+    intrinsics: CameraIntrinsics
+    camera: int = 0
+    mask: np.ndarray | None = None
+    normals: np.ndarray | None = None
+
+
+@dataclass
+class ObjectResult:
+    """A reconstructed object (world frame, metres)."""
+
+    name: str
+    vertices: np.ndarray          # [V, 3] world
+    faces: np.ndarray             # [F, 3]
+    face_colors: np.ndarray       # [F, 3] in [0, 1] (mean colour of each face's Gaussians)
+    gaussians: dict               # world Gaussians: means, covars, opacities, sh (numpy)
+    camera_deltas: np.ndarray     # [C, 6] se(3) (rho, phi) right-applied
+    init_vertices: np.ndarray     # [V, 3] the starting icosphere (world)
+    history: list                 # (step, loss) pairs
+    seconds: float
+    n_views: int
+
+
+# ----------------------------------------------------------------------------- geometry
+def icosphere(subdivisions: int = 3, radius: float = 0.05):
+    """Trimesh icosphere -> (vertices [V, 3] m, faces [F, 3]); 3 -> 642 vertices."""
+    import trimesh
+
+    m = trimesh.creation.icosphere(subdivisions=subdivisions, radius=radius)
+    return np.asarray(m.vertices, np.float64), np.asarray(m.faces, np.int64)
+
+
+def mesh_edges(faces: np.ndarray) -> np.ndarray:
+    """Unique undirected edges [E, 2] (i < j) of a triangle mesh faces [F, 3]."""
+    f = np.asarray(faces, np.int64)
+    e = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])
+    e = np.sort(e, axis=1)
+    return np.unique(e, axis=0)
+
+
+def laplacian_loss(vertices, edges: np.ndarray, n_vertices: int):
+    """Mean over vertices of |v_i - mean_{j in N(i)} v_j|^2 (units of vertices squared).
+
+    vertices: [V, 3]; edges: [E, 2] unique undirected edges. Paper eq. (5), averaged.
+    """
+    e = jnp.asarray(edges)
+    nb_sum = jnp.zeros_like(vertices).at[e[:, 0]].add(vertices[e[:, 1]])
+    nb_sum = nb_sum.at[e[:, 1]].add(vertices[e[:, 0]])
+    deg = np.bincount(np.asarray(edges).ravel(), minlength=n_vertices).astype(np.float64)
+    deg = jnp.asarray(np.maximum(deg, 1.0), vertices.dtype)[:, None]
+    d = vertices - nb_sum / deg
+    return jnp.mean(jnp.sum(d * d, axis=-1))
+
+
+def edge_length_loss(vertices, edges: np.ndarray):
+    """Variance of the edge lengths (units of vertices squared): even triangles."""
+    e = jnp.asarray(edges)
+    ln = jnp.linalg.norm(vertices[e[:, 0]] - vertices[e[:, 1]], axis=-1)
+    return jnp.mean((ln - jnp.mean(ln)) ** 2)
+
+
+def boundary_edt(mask: np.ndarray) -> np.ndarray:
+    """Distance (pixels) of every pixel to the mask boundary, on either side: [H, W]."""
+    from scipy.ndimage import distance_transform_edt
+
+    m = np.asarray(mask, bool)
+    if not m.any() or m.all():
+        return np.full(m.shape, float(max(m.shape)))
+    return distance_transform_edt(~m) + distance_transform_edt(m)
+
+
+def mask_losses(alpha, mask, edt, valid, soft_mask_px: float):
+    """(hard, soft) mask losses of rendered alpha [..., H, W] vs mask [..., H, W] in [0, 1].
+
+    edt: boundary distance (px), valid: [..., H, W] weights. Means over valid pixels.
+    """
+    sq = (alpha - mask) ** 2
+    w = jnp.maximum(jnp.sum(valid), 1.0)
+    hard = jnp.sum(sq * valid) / w
+    soft = jnp.sum(sq * (edt / soft_mask_px) ** 2 * valid) / w
+    return hard, soft
+
+
+def triangulate_rays(origins: np.ndarray, directions: np.ndarray) -> np.ndarray:
+    """Least-squares point closest to rays o_i + t d_i: [N, 3], [N, 3] -> [3] (float64).
+
+    Minimises sum_i |(I - d_i d_i^T)(x - o_i)|^2. Raises RealsimError for < 2 rays or
+    (nearly) parallel rays.
+    """
+    o = np.asarray(origins, np.float64).reshape(-1, 3)
+    d = np.asarray(directions, np.float64).reshape(-1, 3)
+    if len(o) < 2:
+        raise RealsimError("triangulation needs the object in at least 2 views")
+    d = d / np.linalg.norm(d, axis=1, keepdims=True)
+    P = np.eye(3)[None] - d[:, :, None] * d[:, None, :]
+    A = P.sum(0)
+    b = np.einsum("nij,nj->i", P, o)
+    if np.linalg.cond(A) > 1e8:
+        raise RealsimError("triangulation is degenerate (parallel rays)")
+    return np.linalg.solve(A, b)
+
+
+def pixel_ray(T_world_cam: np.ndarray, intr: CameraIntrinsics, uv) -> tuple:
+    """World ray (origin [3], unit direction [3]) through pixel uv = (u, v)."""
+    d_cam = np.array([(uv[0] - intr.cx) / intr.fx, (uv[1] - intr.cy) / intr.fy, 1.0])
+    d = np.asarray(T_world_cam, np.float64)[:3, :3] @ d_cam
+    return np.asarray(T_world_cam, np.float64)[:3, 3].copy(), d / np.linalg.norm(d)
+
+
+def mask_centroid(mask: np.ndarray):
+    """(u, v) centroid of a mask [H, W] (pixels) or None when empty."""
+    vs, us = np.nonzero(mask)
+    if len(us) == 0:
+        return None
+    return np.array([us.mean(), vs.mean()])
+
+
+def triangulate_mask_centroids(views: list[View]) -> np.ndarray:
+    """Object centre [3] (world, m) from the rays through its mask centroids."""
+    rays = [pixel_ray(v.T_world_cam, v.intrinsics, c)
+            for v in views if (c := mask_centroid(v.mask)) is not None]
+    if len(rays) < 2:
+        raise RealsimError("object seen in fewer than 2 views: cannot place it")
+    o, d = map(np.stack, zip(*rays))
+    return triangulate_rays(o, d)
+
+
+# ----------------------------------------------------------------------------- virtual views
+def look_at_rotation(direction_cam: np.ndarray) -> np.ndarray:
+    """Rotation R_cam_virtual [3, 3] whose z axis is `direction_cam` (y kept near y)."""
+    z = np.asarray(direction_cam, np.float64)
+    z = z / np.linalg.norm(z)
+    y = np.array([0.0, 1.0, 0.0]) - z[1] * z
+    if np.linalg.norm(y) < 1e-6:
+        y = np.array([1.0, 0.0, 0.0]) - z[0] * z
+    y /= np.linalg.norm(y)
+    x = np.cross(y, z)
+    return np.stack([x, y, z], axis=1)
+
+
+def warp_to_virtual(img: np.ndarray, intr: CameraIntrinsics, R_cv: np.ndarray,
+                    vintr: CameraIntrinsics, order: int = 1):
+    """Resample img [H, W, C] into a virtual camera rotated by R_cv about the same centre.
+
+    Returns (warped [S, S, C] float, inside [S, S] bool: the ray hits the source image).
+    Downsampling is pre-filtered with a Gaussian (sigma 0.5 / scale px).
+    """
+    from scipy.ndimage import gaussian_filter, map_coordinates
+
+    img = np.asarray(img, np.float64)
+    if img.ndim == 2:
+        img = img[..., None]
+    scale = vintr.fx / intr.fx
+    if scale < 0.99:
+        sig = 0.5 / scale
+        img = gaussian_filter(img, (sig, sig, 0))
+    v, u = np.mgrid[0:vintr.height, 0:vintr.width].astype(np.float64)
+    d = np.stack([(u - vintr.cx) / vintr.fx, (v - vintr.cy) / vintr.fy, np.ones_like(u)], -1)
+    d = d @ R_cv.T
+    ok = d[..., 2] > 1e-6
+    z = np.where(ok, d[..., 2], 1.0)
+    us = intr.fx * d[..., 0] / z + intr.cx
+    vs = intr.fy * d[..., 1] / z + intr.cy
+    inside = ok & (us >= -0.5) & (us <= intr.width - 0.5) & (vs >= -0.5) & (vs <= intr.height - 0.5)
+    out = np.stack([map_coordinates(img[..., c], [vs, us], order=order, mode="nearest")
+                    for c in range(img.shape[-1])], -1)
+    return out, inside
+
+
+class _Static(NamedTuple):
+    """Frozen per-object data (closed over by the jitted step)."""
+
+    model: object                 # SplatMeshModel
+    base_vertices: np.ndarray     # [V, 3] icosphere, object frame
+    edges: np.ndarray             # [E, 2]
+    intr: CameraIntrinsics        # virtual intrinsics (shared by all views)
+    T_cam0: jnp.ndarray           # [N, 4, 4] T_world_cam (starting estimate)
+    R_cv: jnp.ndarray             # [N, 4, 4] T_cam_virtual (pure rotation)
+    cam_index: jnp.ndarray        # [N] physical camera of each view
+    images: jnp.ndarray           # [N, S, S, 3] masked observation (0 outside the mask)
+    masks: jnp.ndarray            # [N, S, S] in [0, 1]
+    edt: jnp.ndarray              # [N, S, S] px
+    valid: jnp.ndarray            # [N, S, S] inside the source image
+    normals: jnp.ndarray | None   # [N, S, S, 3] camera-frame normals or None
+    n_cameras: int
+
+
+def _select_views(views: list[View], max_views: int) -> list[View]:
+    """Keep up to max_views views with the object, preferring larger masks per camera."""
+    seen = [v for v in views if v.mask is not None and np.any(v.mask)]
+    if len(seen) <= max_views:
+        return seen
+    # round-robin over cameras, each camera's views by decreasing mask area
+    by_cam: dict[int, list[View]] = {}
+    for v in sorted(seen, key=lambda v: -int(np.count_nonzero(v.mask))):
+        by_cam.setdefault(v.camera, []).append(v)
+    out: list[View] = []
+    while len(out) < max_views:
+        for c in list(by_cam):
+            if by_cam[c]:
+                out.append(by_cam[c].pop(0))
+            if len(out) == max_views:
+                break
+    return out
+
+
+def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig):
+    """Virtual views of one object around `centre` -> (_Static fields dict, vintr)."""
+    S = cfg.crop_px
+    # object size from the masks: equivalent radius (px) * depth / f
+    dists, radii = [], []
+    for v in views:
+        p = v.T_world_cam[:3, :3].T @ (centre - v.T_world_cam[:3, 3])
+        dists.append(float(np.linalg.norm(p)))
+        area = float(np.count_nonzero(v.mask))
+        radii.append(math.sqrt(area / math.pi) * dists[-1] / v.intrinsics.fx)
+    r_obj = float(np.median(radii))
+    r_fit = max(cfg.init_radius_m, 1.3 * r_obj)
+    f_native = min(v.intrinsics.fx for v in views)
+    f = min(f_native, 0.9 * (S / 2) * min(dists) / r_fit)
+    vintr = CameraIntrinsics(S, S, f, f, (S - 1) / 2.0, (S - 1) / 2.0)
+    imgs, masks, edts, valid, Tc, Rv, cams, norms = [], [], [], [], [], [], [], []
+    for v in views:
+        intr = v.intrinsics
+        p = v.T_world_cam[:3, :3].T @ (centre - v.T_world_cam[:3, 3])
+        R = look_at_rotation(p)
+        img = np.asarray(v.image, np.float64)
+        if img.max() > 1.5:
+            img = img / 255.0
+        m = np.asarray(v.mask, np.float64)
+        wimg, inside = warp_to_virtual(img * m[..., None], intr, R, vintr)
+        wm, _ = warp_to_virtual(m, intr, R, vintr)
+        wm = np.clip(wm[..., 0], 0.0, 1.0)
+        imgs.append(wimg)
+        masks.append(wm)
+        edts.append(boundary_edt(wm > 0.5))
+        valid.append(inside.astype(np.float64))
+        T = np.eye(4)
+        T[:3, :3] = R
+        Tc.append(np.asarray(v.T_world_cam, np.float64))
+        Rv.append(T)
+        cams.append(v.camera)
+        if v.normals is not None:
+            wn, _ = warp_to_virtual(v.normals, intr, R, vintr)
+            norms.append(wn @ R)  # camera frame -> virtual camera frame
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    fields = dict(
+        T_cam0=f32(np.stack(Tc)), R_cv=f32(np.stack(Rv)),
+        cam_index=jnp.asarray(cams, jnp.int32), images=f32(np.stack(imgs)),
+        masks=f32(np.stack(masks)), edt=f32(np.stack(edts)), valid=f32(np.stack(valid)),
+        normals=f32(np.stack(norms)) if len(norms) == len(views) else None)
+    return fields, vintr
+
+
+# ----------------------------------------------------------------------------- model
+def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
+    from realsim_core.render.splatmesh import MeshPart, build_model
+
+    centre = triangulate_mask_centroids(views)
+    fields, vintr = prepare_views(views, centre, cfg)
+    base, faces = icosphere(cfg.subdivisions, cfg.init_radius_m)
+    obs = np.concatenate([np.asarray(v.image, np.float64)[np.asarray(v.mask, bool)]
+                          for v in views])
+    rgb = np.clip(np.median(obs, 0) / (255.0 if obs.max() > 1.5 else 1.0), 0.02, 0.98)
+    part = MeshPart(name, base, faces, 0, np.eye(4), rgb)
+    model, sp = build_model([part], mean_per_face=cfg.mean_per_face, sh_degree=0,
+                            seed=cfg.seed, min_per_face=cfg.min_per_face,
+                            max_per_face=cfg.max_per_face)
+    static = _Static(model=model, base_vertices=base, edges=mesh_edges(faces), intr=vintr,
+                     n_cameras=n_cameras, **fields)
+    params = {
+        "translation": jnp.asarray(centre, jnp.float32),
+        "deltas": jnp.zeros(base.shape, jnp.float32),
+        "bary_logits": sp["bary_logits"], "log_scales": sp["log_scales"], "sh": sp["sh"],
+        "opacity_logits": sp["opacity_logits"],
+        "cam_xi": jnp.zeros((n_cameras, 6), jnp.float32),
+    }
+    if not cfg.surfel:  # ablation: a learned normal scale, starting as thick as in-plane
+        params["log_scale_normal"] = sp["log_scales"][:, 0] - math.log(2.0)
+    return static, params
+
+
+def object_gaussians(static: _Static, params, clamp_opacity: bool):
+    """World Gaussians (splatmesh.WorldGaussians) of the object's current mesh."""
+    from realsim_core.render.splatmesh import gaussians_in_world
+
+    sp = {k: params[k] for k in ("bary_logits", "log_scales", "sh", "opacity_logits")}
+    if "log_scale_normal" in params:
+        sp["log_scale_normal"] = params["log_scale_normal"]
+    sp["vertices"] = jnp.asarray(static.base_vertices, jnp.float32) + params["deltas"]
+    T = jnp.eye(4, dtype=jnp.float32).at[:3, 3].set(params["translation"])
+    return gaussians_in_world(static.model, sp, T[None], clamp_opacity=clamp_opacity)
+
+
+def view_poses(static: _Static, params, idx):
+    """T_world_virtual [B, 4, 4] of views idx [B] with the current camera deltas."""
+    from realsim_core.se3 import se3_exp
+
+    xi = params["cam_xi"][static.cam_index[idx]]
+    D = jax.vmap(se3_exp)(xi)
+    return static.T_cam0[idx] @ D @ static.R_cv[idx]
+
+
+def render_views(static: _Static, params, idx, cfg: ObjectConfig, intr=None):
+    """Render views idx [B] -> (rgb [B, S, S, 3], alpha [B, S, S], normals [B, S, S, 3])."""
+    from realsim_core.render import rasterize
+
+    g = object_gaussians(static, params, cfg.clamp_opacity)
+    poses = view_poses(static, params, idx)
+    intr = static.intr if intr is None else intr
+
+    def one(pose):
+        n_cam = g.normals @ pose[:3, :3]  # world -> virtual camera frame
+        out = rasterize(g.means, None, None, g.opacities, g.sh, pose, intr,
+                        covars=g.covars, sh_degree=0, features=n_cam,
+                        background=jnp.zeros(3, g.means.dtype), tile_size=cfg.tile_size,
+                        capacity=cfg.capacity)
+        return out.rgb, out.alpha, out.features
+
+    return jax.vmap(one)(poses)
+
+
+def loss_terms(static: _Static, params, idx, cfg: ObjectConfig) -> dict:
+    """Every loss term (unweighted) for views idx [B]."""
+    rgb, alpha, nrm = render_views(static, params, idx, cfg)
+    valid = static.valid[idx]
+    m = static.masks[idx]
+    w = jnp.maximum(jnp.sum(valid), 1.0)
+    photo = jnp.sum(jnp.mean(jnp.abs(rgb - static.images[idx]), -1) * valid) / w
+    hard, soft = mask_losses(alpha, m, static.edt[idx], valid, cfg.soft_mask_px)
+    v_mm = 1000.0 * (jnp.asarray(static.base_vertices, jnp.float32) + params["deltas"])
+    n_v = static.base_vertices.shape[0]
+    terms = {"photo": photo, "mask": hard, "smask": soft,
+             "laplacian": laplacian_loss(v_mm, static.edges, n_v),
+             "edge": edge_length_loss(v_mm, static.edges)}
+    if static.normals is not None:
+        terms["normal"] = jnp.sum(jnp.sum((nrm - static.normals[idx] * alpha[..., None]) ** 2,
+                                          -1) * m * valid) / w
+    xi = params["cam_xi"]
+    terms["camera_prior"] = 0.5 * (jnp.sum((xi[:, :3] / cfg.prior_camera_m) ** 2)
+                                   + jnp.sum((xi[:, 3:] / cfg.prior_camera_rad) ** 2))
+    return terms
+
+
+_WEIGHTS = {"photo": "w_photo", "mask": "w_mask", "smask": "w_smask", "normal": "w_normal",
+            "laplacian": "w_laplacian", "edge": "w_edge", "camera_prior": "w_camera_prior"}
+
+
+def total_loss(static: _Static, params, idx, cfg: ObjectConfig):
+    terms = loss_terms(static, params, idx, cfg)
+    return sum(getattr(cfg, _WEIGHTS[k]) * v for k, v in terms.items()), terms
+
+
+def make_optimizer(cfg: ObjectConfig, params) -> optax.GradientTransformation:
+    """Adam per parameter group (optax.multi_transform), cosine decay to 10 %."""
+    def adam(lr):
+        return optax.adam(optax.cosine_decay_schedule(lr, max(cfg.steps, 1), alpha=0.1))
+
+    groups = {"translation": adam(cfg.lr_translation), "deltas": adam(cfg.lr_vertices),
+              "gauss": adam(cfg.lr_gaussians),
+              "camera": adam(cfg.lr_camera) if cfg.refine_cameras else optax.set_to_zero()}
+    label = {k: ("translation" if k == "translation" else "deltas" if k == "deltas"
+                 else "camera" if k == "cam_xi" else "gauss") for k in params}
+    return optax.multi_transform(groups, label)
+
+
+def make_step(static: _Static, cfg: ObjectConfig, opt: optax.GradientTransformation):
+    """Pure jitted step: (params, opt_state, idx [B]) -> (params, opt_state, loss, terms)."""
+    def step(params, opt_state, idx):
+        (loss, terms), grads = jax.value_and_grad(
+            lambda p: total_loss(static, p, idx, cfg), has_aux=True)(params)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g))
+                                    for g in jax.tree_util.tree_leaves(grads)]))
+        updates, new_state = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda a, b: jax.tree_util.tree_map(  # noqa: E731
+            lambda x, y: jnp.where(finite, x, y), a, b)
+        return keep(new_params, params), keep(new_state, opt_state), loss, terms
+
+    return jax.jit(step)
+
+
+def reconstruct_object(views: list[View], cfg: ObjectConfig | None = None,
+                       name: str = "object_0", n_cameras: int | None = None,
+                       callback=None) -> ObjectResult:
+    """Fit one object to the views whose `mask` marks it. Returns an `ObjectResult`."""
+    cfg = cfg or ObjectConfig()
+    t0 = time.monotonic()
+    views = _select_views(list(views), cfg.max_views)
+    if len(views) < 2:
+        raise RealsimError(f"{name}: seen in fewer than 2 views")
+    n_cameras = n_cameras or (max(v.camera for v in views) + 1)
+    static, params = _init(views, cfg, name, n_cameras)
+    init_world = np.asarray(static.base_vertices) + np.asarray(params["translation"])
+    opt = make_optimizer(cfg, params)
+    state = opt.init(params)
+    step = make_step(static, cfg, opt)
+    rng = np.random.default_rng(cfg.seed)
+    n = len(views)
+    b = min(cfg.batch_views, n)
+    history = []
+    order = rng.permutation(n)
+    pos = 0
+    for k in range(cfg.steps):
+        if pos + b > n:
+            order, pos = rng.permutation(n), 0
+        idx = jnp.asarray(order[pos:pos + b], jnp.int32)
+        pos += b
+        params, state, loss, terms = step(params, state, idx)
+        if k % 25 == 0 or k == cfg.steps - 1:
+            history.append((k, float(loss)))
+            if callback is not None:
+                callback(k, float(loss), {t: float(v) for t, v in terms.items()})
+    return _result(static, params, cfg, name, init_world, history, time.monotonic() - t0, n)
+
+
+def _result(static, params, cfg, name, init_world, history, seconds, n_views) -> ObjectResult:
+    from realsim_core.render.sh import SH_C0
+
+    verts = (np.asarray(static.base_vertices, np.float64) + np.asarray(params["deltas"])
+             + np.asarray(params["translation"]))
+    g = object_gaussians(static, params, cfg.clamp_opacity)
+    faces = np.asarray(static.model.faces)
+    col = np.clip(0.5 + SH_C0 * np.asarray(g.sh[:, 0], np.float64), 0.0, 1.0)
+    gf = np.asarray(static.model.gauss_face)
+    w = np.asarray(g.opacities, np.float64)
+    acc = np.zeros((len(faces), 3))
+    np.add.at(acc, gf, col * w[:, None])
+    ws = np.bincount(gf, weights=w, minlength=len(faces))[:, None]
+    face_col = np.where(ws > 0, acc / np.maximum(ws, 1e-12), col.mean(0))
+    gauss = {k: np.asarray(getattr(g, k)) for k in ("means", "covars", "opacities", "sh")}
+    return ObjectResult(name, verts, faces, face_col, gauss, np.asarray(params["cam_xi"]),
+                        init_world, history, seconds, n_views)
+
+
+# ----------------------------------------------------------------------------- masks
+@dataclass(frozen=True)
+class MaskConfig:
+    """Object masks from the residual |observation - calibrated render of the known scene|."""
+
+    threshold: float = 0.12        # minimum residual (mean abs over RGB, 0-1)
+    mad_k: float = 6.0             # robust threshold: median + k * 1.4826 MAD
+    open_px: int = 1               # binary opening iterations (removes thin edge residuals)
+    close_px: int = 2              # binary closing iterations
+    min_area_px: int = 20          # smaller components are dropped
+    table_z: float = 0.0           # world z of the table top (rays are cut at table_z + lift)
+    lift_m: float = 0.02
+    cluster_m: float = 0.06        # components closer than this on the table are one object
+    min_views: int = 3             # objects seen in fewer views are dropped
+    workspace_xy: tuple = (-0.5, 0.5, -0.4, 0.4)  # xmin, xmax, ymin, ymax on the table
+
+
+def residual_mask(observed: np.ndarray, rendered: np.ndarray, cfg: MaskConfig) -> np.ndarray:
+    """Binary mask [H, W] of pixels the known scene does not explain (float images 0-1)."""
+    from scipy import ndimage
+
+    r = np.mean(np.abs(np.asarray(observed, np.float64) - np.asarray(rendered, np.float64)), -1)
+    med = np.median(r)
+    mad = 1.4826 * np.median(np.abs(r - med))
+    m = r > max(cfg.threshold, med + cfg.mad_k * mad)
+    if cfg.open_px:
+        m = ndimage.binary_opening(m, iterations=cfg.open_px)
+    if cfg.close_px:
+        m = ndimage.binary_closing(m, iterations=cfg.close_px, border_value=0)
+    m = ndimage.binary_fill_holes(m)
+    lab, n = ndimage.label(m)
+    if n:
+        areas = ndimage.sum(m, lab, index=np.arange(1, n + 1))
+        keep = np.zeros(n + 1, bool)
+        keep[1:] = areas >= cfg.min_area_px
+        m = keep[lab]
+    return m
+
+
+def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -> list[list]:
+    """Connected components of every view's mask -> objects (lists of per-view masks).
+
+    Components are placed on the table plane (ray through the centroid cut at
+    table_z + lift_m) and clustered greedily within cluster_m; clusters seen in fewer than
+    min_views views or outside the workspace are dropped. Returns, per object, a list of
+    [H, W] bool masks aligned with `views` (all False where the view misses it).
+    """
+    from scipy import ndimage
+
+    comps = []  # (view index, component mask, xy)
+    for i, (v, m) in enumerate(zip(views, masks)):
+        lab, n = ndimage.label(m)
+        for k in range(1, n + 1):
+            cm = lab == k
+            o, d = pixel_ray(v.T_world_cam, v.intrinsics, mask_centroid(cm))
+            if d[2] > -1e-3:
+                continue  # ray does not go down to the table
+            t = (cfg.table_z + cfg.lift_m - o[2]) / d[2]
+            xy = (o + t * d)[:2]
+            x0, x1, y0, y1 = cfg.workspace_xy
+            if x0 <= xy[0] <= x1 and y0 <= xy[1] <= y1:
+                comps.append((i, cm, xy))
+    centres: list[np.ndarray] = []
+    members: list[list] = []
+    for i, cm, xy in sorted(comps, key=lambda c: -int(c[1].sum())):
+        dists = [np.linalg.norm(xy - c) for c in centres]
+        if dists and min(dists) < cfg.cluster_m:
+            j = int(np.argmin(dists))
+            members[j].append((i, cm, xy))
+            centres[j] = np.mean([x for _, _, x in members[j]], 0)
+        else:
+            centres.append(xy)
+            members.append([(i, cm, xy)])
+    objects = []
+    for mem in members:
+        if len({i for i, _, _ in mem}) < cfg.min_views:
+            continue
+        per_view = [np.zeros(np.asarray(v.image).shape[:2], bool) for v in views]
+        for i, cm, _ in mem:
+            per_view[i] |= cm
+        objects.append((np.mean([x for _, _, x in mem], 0), per_view))
+    objects.sort(key=lambda o: (round(float(o[0][0]), 3), round(float(o[0][1]), 3)))
+    return [pv for _, pv in objects]
+
+
+def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
+    """Intersection over union of two boolean masks (1.0 when both are empty)."""
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    u = np.count_nonzero(a | b)
+    return 1.0 if u == 0 else float(np.count_nonzero(a & b) / u)
+
+
+def reconstruct_objects(views: list[View], object_masks: list[list[np.ndarray]],
+                        cfg: ObjectConfig | None = None, names: list[str] | None = None,
+                        callback=None) -> list[ObjectResult]:
+    """One SplatMesh per object: object_masks[k][i] is object k's mask in views[i]."""
+    cfg = cfg or ObjectConfig()
+    n_cam = max(v.camera for v in views) + 1
+    out = []
+    for k, masks in enumerate(object_masks):
+        name = names[k] if names else f"object_{k}"
+        vs = [v._replace(mask=m) for v, m in zip(views, masks) if m is not None and m.any()]
+        out.append(reconstruct_object(vs, cfg, name, n_cam, callback))
+    return out
