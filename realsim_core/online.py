@@ -121,6 +121,85 @@ class NominalEstimator:
         return {}
 
 
+class DriftDetector:
+    """Flags a camera whose held-out residual on NEW frames rose and stayed up (a bump).
+
+    Feed it, for every new frame, the photometric residual of each camera under the
+    accepted calibration (mean L1 in [0, 1]). Per camera it keeps a baseline, the median
+    of the last `window` residuals judged normal; a residual above both
+    `ratio * baseline` and `baseline + min_excess` is high. After `patience` high
+    residuals in a row the camera has drifted: `update` returns it (the highest
+    residual/baseline ratio wins when several qualify in the same frame), and that
+    camera's history restarts, so a new baseline is learnt at the new pose.
+
+    The threshold is relative because residuals differ a lot between cameras (a wrist
+    camera sees a moving scene) and fall while the calibration improves; the absolute
+    `min_excess` keeps noise on a near-perfect fit (baseline ~0) from counting.
+
+    Args:
+        ratio: residual / baseline above which a residual is high (> 1).
+        min_excess: residual - baseline above which a residual is high (L1, 0-1 units).
+        patience: consecutive high residuals that make a drift.
+        window: residuals in the baseline median.
+        min_history: residuals needed before a camera can be judged at all.
+
+    """
+
+    def __init__(self, ratio: float = 1.3, min_excess: float = 0.005, patience: int = 3,
+                 window: int = 8, min_history: int = 3) -> None:
+        if ratio <= 1 or min_excess < 0 or patience < 1 or window < 1 or min_history < 1:
+            raise RealsimError(
+                f"DriftDetector: need ratio > 1, min_excess >= 0, patience/window/min_history"
+                f" >= 1; got {ratio}, {min_excess}, {patience}, {window}, {min_history}")
+        self.ratio, self.min_excess = float(ratio), float(min_excess)
+        self.patience, self.window, self.min_history = int(patience), int(window), int(min_history)
+        self._history: dict[str, deque[float]] = {}
+        self._high: dict[str, int] = {}
+        self.events: list[tuple[str, float, float]] = []  # (camera, residual, baseline)
+        self.last_ratio: dict[str, float] = {}
+
+    def baseline(self, camera: str) -> float:
+        """Median of the camera's normal residuals (nan before any)."""
+        h = self._history.get(camera)
+        return float(np.median(h)) if h else math.nan
+
+    def reset(self, camera: str | None = None) -> None:
+        """Forget the history of `camera` (all cameras when None)."""
+        for c in ([camera] if camera is not None else list(self._history)):
+            self._history.pop(c, None)
+            self._high.pop(c, None)
+
+    def update(self, residuals: Mapping[str, float]) -> str | None:
+        """Residuals {camera: L1} of one new frame -> the camera that drifted, or None.
+
+        Non-finite residuals (camera absent from the frame) are skipped.
+        """
+        candidates = []
+        for cam, r in residuals.items():
+            r = float(r)
+            if not math.isfinite(r):
+                continue
+            hist = self._history.setdefault(cam, deque(maxlen=self.window))
+            if len(hist) < self.min_history:
+                hist.append(r)
+                continue
+            base = float(np.median(hist))
+            self.last_ratio[cam] = r / base if base > 0 else math.inf
+            if r > self.ratio * base and r > base + self.min_excess:
+                self._high[cam] = self._high.get(cam, 0) + 1
+                if self._high[cam] >= self.patience:
+                    candidates.append((r / max(base, 1e-12), cam, r, base))
+            else:
+                self._high[cam] = 0
+                hist.append(r)
+        if not candidates:
+            return None
+        _, cam, r, base = max(candidates)
+        self.events.append((cam, r, base))
+        self.reset(cam)
+        return cam
+
+
 def nominal_calibration(rig) -> Calibration:
     """The rig file's nominal poses and zero joint offsets, as a `Calibration`.
 
@@ -306,6 +385,8 @@ class OnlineCalibrator:
         self.idle_wait_s = idle_wait_s
         self._thread: threading.Thread | None = None
         self.worker_error = ""
+        self._generation = 0  # bumped by reset(); the worker catches up before stepping
+        self._worker_generation = 0
 
     # ------------------------------------------------------------ callbacks (cheap)
     def add_image(self, camera: str, sample: ImageSample) -> str:
@@ -354,10 +435,16 @@ class OnlineCalibrator:
         self.frozen = bool(frozen)
 
     def reset(self) -> None:
-        """Back to the nominal calibration; keyframes are kept, progress is dropped."""
-        with self._est_lock:
-            self.estimator.reset(self.nominal)
+        """Back to the nominal calibration; keyframes are kept, progress is dropped.
+
+        Never waits for the worker (a step may take a minute while XLA compiles): the
+        nominal is published at once, and the worker resets the estimator before its next
+        step; whatever the step in flight produces is discarded.
+        """
+        with self._lock:
+            self._generation += 1
             self._set_current(self.nominal)
+        self._wake.set()
 
     def set_tolerances(self, image_ms: float | None = None, joint_ms: float | None = None,
                        max_latency_ms: float | None = None) -> None:
@@ -425,6 +512,11 @@ class OnlineCalibrator:
         frames = self._drain()
         did = bool(frames)
         with self._est_lock:
+            generation = self._generation
+            if generation != self._worker_generation:
+                self.estimator.reset(self.nominal)
+                self._worker_generation = generation
+                self.worker_error = ""
             for f in frames:
                 kept = self.keyframes.add(f)
                 intr = {c: self._frame_intrinsics[c] for c in f.images
@@ -439,7 +531,10 @@ class OnlineCalibrator:
                 cand = self.estimator.estimate()
                 why = check_calibration(cand, self.nominal)
                 if why is None:
-                    self._set_current(cand)
+                    with self._lock:
+                        if generation != self._generation:
+                            return did  # reset while stepping: this estimate is stale
+                        self._set_current(cand)
                     self.stats["estimates_accepted"] += 1
                 else:  # optimiser produced garbage: roll back to the last good estimate
                     self.stats["estimates_rejected"] += 1

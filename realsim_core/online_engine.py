@@ -1,23 +1,59 @@
 """The calibration engine behind the online node (`Estimator` of `realsim_core.online`).
 
-Node parameter `estimator: realsim_core.online_engine:make_estimator` selects it. Keyframes
-go into the session's training slots; one in `holdout_every` other frames becomes a
-held-out frame. Each `step()` runs one colour/pose alternation at the finest pyramid level
-and, every `accept_every` steps, accepts the estimate only if the held-out L1 did not get
-worse (never publishes a worse calibration).
+Node parameter `estimator: realsim_core.online_engine:make_estimator` selects it, and
+`estimator_options` (a YAML mapping) passes keyword options to `make_estimator` (engine
+size, schedule, drift thresholds; see `OPTIONS`). Keyframes go into the session's
+training slots; one in `holdout_every` other frames becomes a held-out frame. Each
+`step()` runs one colour/pose alternation at the finest pyramid level and, every
+`accept_every` steps, accepts the estimate only if the held-out L1 did not get worse
+(never publishes a worse calibration). The held-out set grows while frames arrive, so
+the accepted estimate (and the nominal start) are re-scored on the current held-out set
+before each comparison.
+
+Drift: once the session runs, every new frame is scored per camera under the accepted
+estimate (mean L1 at the finest level) and fed to a `DriftDetector`. When a camera's
+residual stays above its recent baseline (a bumped camera), the estimator reports it in
+`drift` (the node puts it in /diagnostics) and re-opens that camera: its images older
+than the drift onset are masked out of the buffer (training and held-out), the
+optimiser state is reset (Adam moments would otherwise still hold the old equilibrium)
+and the held-out baseline is re-scored, so the camera's pose can move to where the new
+frames put it.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import fields
 
 import numpy as np
 
 from realsim_core.calibration import CalibrationConfig, CalibrationSession, rig_gaussians
 from realsim_core.calibration_io import Calibration
+from realsim_core.errors import RealsimError
+from realsim_core.online import DriftDetector
 from realsim_core.sync import FrameSet
 from realsim_core.types import CameraIntrinsics
+
+#: the default engine config of the node: one pyramid level (half resolution)
+DEFAULT_CONFIG = CalibrationConfig(levels=(2,), warmup_colour_steps=40)
+
+#: estimator options besides CalibrationConfig's fields -> default
+OPTIONS = {
+    "max_frames": 24,            # session buffer slots (training + held out)
+    "min_frames": 4,             # training frames before optimising
+    "n_gaussians": 8000,         # surfels on the rig
+    "accept_every": 5,           # cycles between acceptance tests
+    "holdout_every": 5,          # one in N non-keyframes is held out
+    "converged_after": 3,        # rejected acceptance tests in a row -> state "converged"
+    "drift": True,               # score new frames per camera and re-open bumped cameras
+    "drift_ratio": 1.3,          # DriftDetector thresholds (see realsim_core.online)
+    "drift_min_excess": 0.005,
+    "drift_patience": 3,
+    "drift_window": 8,
+}
 
 
 class SessionEstimator:
@@ -27,22 +63,39 @@ class SessionEstimator:
 
     def __init__(self, rig, start: Calibration, config: CalibrationConfig | None = None,
                  max_frames: int = 24, min_frames: int = 4, n_gaussians: int = 8000,
-                 accept_every: int = 5, holdout_every: int = 5) -> None:
+                 accept_every: int = 5, holdout_every: int = 5, converged_after: int = 3,
+                 drift: bool = True, drift_ratio: float = 1.3, drift_min_excess: float = 0.005,
+                 drift_patience: int = 3, drift_window: int = 8) -> None:
         self.rig = rig
-        self.cfg = config or CalibrationConfig(levels=(2,), warmup_colour_steps=40)
+        self.cfg = config or DEFAULT_CONFIG
         self.max_frames = max_frames
         self.min_frames = min_frames
         self.n_gaussians = n_gaussians
-        self.accept_every = accept_every
-        self.holdout_every = holdout_every
+        self.accept_every = max(1, accept_every)
+        self.holdout_every = max(1, holdout_every)
+        self.converged_after = max(1, converged_after)
+        self.drift_enabled = bool(drift)
+        self._drift_args = dict(ratio=drift_ratio, min_excess=drift_min_excess,
+                                patience=drift_patience, window=drift_window)
+        DriftDetector(**self._drift_args)  # bad thresholds fail here, at start
+        self.drift_events: list[dict] = []  # every drift seen: camera, residual, baseline, stamp
         self.reset(start)
 
     # ------------------------------------------------------------------ Estimator
     def reset(self, start: Calibration) -> None:  # noqa: D102 (see Estimator)
         self._start = start
         self.session: CalibrationSession | None = None
+        self._started = False
+        self._nominal_params = None
+        self._dirty = False  # held-out set changed since the last scoring
         self._others = 0
         self._steps = 0
+        self._rejected_in_row = 0
+        self._residual_fn = None
+        self._recent_stamps: deque[int] = deque(maxlen=max(1, self._drift_args["patience"]))
+        self.detector = DriftDetector(**self._drift_args)
+        self.residuals: dict[str, float] = {}
+        self.drift = ""  # "" = no drift seen; else what was seen and done (for diagnostics)
         self._t0 = time.monotonic()
         self.state = "waiting for frames"
 
@@ -53,15 +106,18 @@ class SessionEstimator:
                 return
             self._build({c: intrinsics[c] for c in self.rig.camera_names})
         s = self.session
+        q = np.concatenate([frame.joints[a.name] for a in self.rig.arms])
+        images = {c: img.rgb for c, img in frame.images.items() if c in self.rig.camera_names}
+        if self._started and self.drift_enabled:
+            self._check_drift(images, q, frame.stamp_ns)
         holdout = False
         if not keyframe:
             self._others += 1
             if self._others % self.holdout_every:
                 return
             holdout = True
-        q = np.concatenate([frame.joints[a.name] for a in self.rig.arms])
-        images = {c: img.rgb for c, img in frame.images.items() if c in self.rig.camera_names}
         s.add_frame(images, q, frame.stamp_ns, holdout=holdout)
+        self._dirty = self._dirty or self._started
 
     def step(self) -> bool:  # noqa: D102
         s = self.session
@@ -69,38 +125,126 @@ class SessionEstimator:
             n = 0 if s is None else int(np.sum(np.asarray(s.bufs.train)))
             self.state = f"waiting for frames ({n}/{self.min_frames})"
             return False
-        if not getattr(s, "_started", False):
+        if not self._started:
             self.state = "compiling"
             s.start()
+            self._nominal_params = dict(s.accepted)
             s.cycle(colour_steps=self.cfg.warmup_colour_steps)
-        self.state = "optimising"
+            self._started = True
         s.cycle()
         self._steps += 1
+        if self._rejected_in_row < self.converged_after:
+            self.state = "optimising"
         if self._steps % self.accept_every:
             return False
-        return s.try_accept()
+        self._rescore()
+        ok = s.try_accept()
+        self._rejected_in_row = 0 if ok else self._rejected_in_row + 1
+        if self._rejected_in_row >= self.converged_after:
+            self.state = "converged"
+        return ok
 
     def estimate(self) -> Calibration:  # noqa: D102
         if self.session is None:
             return self._start
         est = self.session.estimate()
         return Calibration(cameras=est.cameras, joint_offsets=est.joint_offsets,
-                           objects=self._start.objects, metrics=est.metrics)
+                           objects=self._start.objects,
+                           metrics={**est.metrics, "drift_events": len(self.drift_events)})
 
     def metrics(self) -> dict[str, float]:  # noqa: D102
         if self.session is None:
             return {}
         m = self.session.metrics
-        return {"steps": float(m.steps), "loss": float(m.loss),
-                "holdout_l1": float(m.holdout_l1), "holdout_l1_start": float(m.holdout_l1_start),
-                "accepted": float(m.accepted), "rejected": float(m.rejected),
-                "rollbacks": float(m.rollbacks), "frames": float(self.session.n_frames),
-                "steps_per_s": m.steps / max(time.monotonic() - self._t0, 1e-9)}
+        out = {"steps": float(m.steps), "loss": float(m.loss),
+               "holdout_l1": float(m.holdout_l1), "holdout_l1_start": float(m.holdout_l1_start),
+               "accepted": float(m.accepted), "rejected": float(m.rejected),
+               "rollbacks": float(m.rollbacks), "frames": float(self.session.n_frames),
+               "steps_per_s": m.steps / max(time.monotonic() - self._t0, 1e-9),
+               "drift_events": float(len(self.drift_events))}
+        out.update({f"residual/{c}": r for c, r in self.residuals.items()})
+        return out
+
+    # ------------------------------------------------------------------ held-out scoring
+    def _rescore(self) -> None:
+        """Score the accepted estimate and the nominal start on the current held-out set."""
+        if not self._dirty:
+            return
+        s = self.session
+        s.metrics.holdout_l1 = s.holdout_residual(s.accepted)
+        s.metrics.holdout_l1_start = s.holdout_residual(self._nominal_params)
+        self._dirty = False
+
+    # ------------------------------------------------------------------ drift
+    def camera_residuals(self, images: Mapping[str, np.ndarray], q: np.ndarray,
+                         params=None) -> dict[str, float]:
+        """Mean L1 (0-1) per camera of one frame under `params` (default: accepted).
+
+        images: {camera: uint8 [H, W, 3]} at the session's full resolution; q: [J] rad.
+        Cameras not in `images` are left out.
+        """
+        import jax.numpy as jnp
+
+        from realsim_core import losses
+
+        s = self.session
+        level = len(self.cfg.levels) - 1
+        factor = self.cfg.levels[level]
+        if self._residual_fn is None:
+            self._residual_fn = _residual_fn(s, level)
+        targets, valid = [], []
+        for c, it in zip(s.cameras, s.static.intrinsics[level]):
+            img = images.get(c)
+            if img is None or img.shape[:2] != (s.full_intrinsics[c].height,
+                                                s.full_intrinsics[c].width):
+                targets.append(jnp.zeros((it.height, it.width, 3), jnp.float32))
+                valid.append(False)
+                continue
+            x = losses.downsample(jnp.asarray(img, jnp.float32) / 255.0, factor)
+            targets.append(x[:it.height, :it.width])
+            valid.append(True)
+        res = np.asarray(self._residual_fn(s.accepted if params is None else params,
+                                           jnp.asarray(q, jnp.float32), tuple(targets)))
+        return {c: float(r) for c, r, v in zip(s.cameras, res, valid) if v}
+
+    def _check_drift(self, images, q, stamp_ns: int) -> None:
+        self._recent_stamps.append(int(stamp_ns))
+        self.residuals = self.camera_residuals(images, q)
+        cam = self.detector.update(self.residuals)
+        if cam is None:
+            return
+        _, r, base = self.detector.events[-1]
+        since = self._recent_stamps[0]  # the first of the `patience` high frames
+        masked = self._reopen(cam, since)
+        self.drift_events.append({"camera": cam, "residual": r, "baseline": base,
+                                  "stamp_ns": since, "masked_frames": masked})
+        self.drift = (f"{cam} drifted at {since} ns: held-out residual {r:.4f} vs baseline "
+                      f"{base:.4f}; re-opened (masked {masked} older images, optimiser reset)")
+        self._rejected_in_row = 0
+        self.state = f"optimising (re-opened {cam} after drift)"
+
+    def _reopen(self, camera: str, since_ns: int) -> int:
+        """Mask `camera`'s images older than `since_ns`, reset the optimiser; returns count."""
+        import jax.numpy as jnp
+
+        s = self.session
+        ci = s.cameras.index(camera)
+        valid = np.asarray(s.bufs.valid).copy()
+        old = [i for i, st in enumerate(s.stamps) if st < since_ns and valid[i, ci] > 0]
+        valid[old, ci] = 0.0
+        s.bufs = s.bufs._replace(valid=jnp.asarray(valid))
+        # restart the optimiser from the accepted estimate (set_start resets Adam moments)
+        s.params = dict(s.accepted)
+        s.set_start(s.joint_offsets(), {n: T for n, (_, T) in s.camera_poses().items()})
+        self._dirty = True
+        return len(old)
 
     # ------------------------------------------------------------------ internals
     def _build(self, intrinsics: dict[str, CameraIntrinsics]) -> None:
+        from realsim_core.cli import enable_compilation_cache
         from realsim_core.rig import load_mjmodel
 
+        enable_compilation_cache()  # the node process: same XLA cache as the CLI
         model = load_mjmodel(self.rig)
         gauss = rig_gaussians(model, self.n_gaussians, seed=self.cfg.seed)
         s = CalibrationSession(self.rig, model, intrinsics, gauss, self.cfg,
@@ -110,6 +254,62 @@ class SessionEstimator:
         self.session = s
 
 
-def make_estimator(rig, start: Calibration) -> SessionEstimator:
-    """Factory named by the node parameter `estimator`."""
-    return SessionEstimator(rig, start)
+def _residual_fn(session: CalibrationSession, level: int):
+    """jit: (params, q [J], targets tuple of [H, W, 3]) -> [C] mean L1 per camera."""
+    import jax
+    import jax.numpy as jnp
+
+    from realsim_core.calibration import render_batch
+
+    static = session.static
+    J = len(static.km.joint_names)
+
+    @jax.jit
+    def fn(params, q, targets):
+        renders = render_batch(static, params, q[None], jnp.zeros((1, J), jnp.float32), level)
+        return jnp.stack([jnp.mean(jnp.abs(r[0] - t)) for r, t in zip(renders, targets)])
+
+    return fn
+
+
+def _config_from(options: dict) -> CalibrationConfig:
+    names = {f.name for f in fields(CalibrationConfig)}
+    cfg = {k: v for k, v in options.items() if k in names}
+    for k, v in cfg.items():
+        if isinstance(v, list):
+            cfg[k] = tuple(v)
+    return DEFAULT_CONFIG.replace(**cfg)
+
+
+def make_estimator(rig, start: Calibration, **options) -> SessionEstimator:
+    """Factory named by the node parameter `estimator`; `options` from `estimator_options`.
+
+    Options: any `CalibrationConfig` field (e.g. `levels: [1]`, `warmup_colour_steps`,
+    `colour_steps`, `pose_steps`, `batch_frames`, `seed`) and the keys of `OPTIONS`.
+    Unknown names or bad values raise `RealsimError` with one line.
+    """
+    names = {f.name for f in fields(CalibrationConfig)}
+    unknown = sorted(set(options) - names - set(OPTIONS))
+    if unknown:
+        raise RealsimError(f"unknown estimator option(s) {unknown}; known: "
+                           f"{sorted(OPTIONS)} and CalibrationConfig fields {sorted(names)}")
+    kw = {k: options.get(k, v) for k, v in OPTIONS.items()}
+    for k, default in OPTIONS.items():
+        v = kw[k]
+        if isinstance(default, bool):
+            ok = isinstance(v, bool)
+        elif isinstance(default, int):
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok:
+            raise RealsimError(f"estimator option {k} = {v!r} is not a valid "
+                               f"{type(default).__name__}")
+    try:
+        cfg = _config_from(options)
+    except (TypeError, ValueError) as exc:
+        raise RealsimError(f"bad estimator options: {exc}") from None
+    if not cfg.levels or any(not isinstance(f, int) or f < 1 for f in cfg.levels):
+        raise RealsimError(f"estimator option levels must be positive integers, got "
+                           f"{list(cfg.levels)}")
+    return SessionEstimator(rig, start, cfg, **kw)

@@ -169,7 +169,7 @@ def test_online_estimator_improves_and_only_publishes_accepted(setup):
         est.add_frame(frame, intr, keyframe=True)
     start_pose = est.estimate().cameras[cam].pose.copy()
     improved = [est.step() for _ in range(12)]
-    assert est.state == "optimising"
+    assert est.state in ("optimising", "converged")
     assert any(improved)
     pose = est.estimate().cameras[cam].pose
     nominal = np.asarray(s.static.km.fixed_nominal[ci], np.float64)

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 import rclpy
+import yaml
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import (
     FloatingPointRange,
@@ -201,6 +202,7 @@ class CalibrationNode(Node):
         self._used_intrinsics: dict[str, object] = {}
         self._rejected: dict[str, int] = {}
         self._first_image: dict[str, float] = {}  # camera -> first image (monotonic s)
+        self._last_drift = ""
 
         # inputs
         self._counters: dict[str, _TopicCounter] = {}
@@ -279,6 +281,13 @@ class CalibrationNode(Node):
             "estimator", "",
             desc("Calibration engine as 'module:factory', factory(rig, start) -> Estimator "
                  "(realsim_core.online); empty = nominal only (engine not available).",
+                 read_only=True),
+        )
+        self.declare_parameter(
+            "estimator_options", "",
+            desc("Keyword options for the estimator factory, as a YAML/JSON mapping, e.g. "
+                 "'{levels: [1], n_gaussians: 4000, accept_every: 2}' (see "
+                 "realsim_core.online_engine.OPTIONS); empty = the factory's defaults.",
                  read_only=True),
         )
         self.declare_parameter(
@@ -377,8 +386,25 @@ class CalibrationNode(Node):
             self.get_logger().error(
                 f"estimator {spec!r} not available ({exc}); publishing the nominal calibration")
             return None
+        options = self.get_parameter("estimator_options").value
+        try:
+            kwargs = yaml.safe_load(options) if options.strip() else {}
+        except yaml.YAMLError as exc:
+            raise RealsimError(f"estimator_options is not YAML: "
+                               f"{' '.join(str(exc).split())}") from None
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, dict):
+            raise RealsimError(f"estimator_options must be a mapping, got {options!r}")
         rig = self.rig
-        return lambda start: make(rig, start)
+
+        def factory(start):
+            try:
+                return make(rig, start, **kwargs)
+            except TypeError as exc:  # the factory does not take these options
+                raise RealsimError(f"estimator {spec!r}: {exc}") from None
+
+        return factory
 
     # ------------------------------------------------------------------ logging
     def _warn(self, key: str, text: str, error: bool = False) -> None:
@@ -595,9 +621,17 @@ class CalibrationNode(Node):
         calib.hardware_id = "aloha2"
         est = self.calibrator.estimator
         snap = self.calibrator.snapshot()
+        drift = getattr(est, "drift", "")
+        if drift != self._last_drift:
+            self._last_drift = drift
+            if drift:
+                self.get_logger().warning(f"drift: {drift}")
         if self.calibrator.worker_error:
             calib.level = DiagnosticStatus.WARN
             calib.message = self.calibrator.worker_error
+        elif drift:
+            calib.level = DiagnosticStatus.WARN
+            calib.message = f"{self.state()}; drift: {drift}"
         elif not est.is_calibration and self.source == "nominal":
             calib.level, calib.message = DiagnosticStatus.WARN, self.state()
         else:
@@ -606,6 +640,7 @@ class CalibrationNode(Node):
             KeyValue(key="state", value=self.state()),
             KeyValue(key="start", value=self.source),
             KeyValue(key="frozen", value=str(self.calibrator.frozen).lower()),
+            KeyValue(key="drift", value=drift or "none"),
             KeyValue(key="estimate_version", value=str(self.calibrator.version)),
             KeyValue(key="frames_assembled", value=str(snap.get("sync/assembled", 0))),
             KeyValue(key="keyframes", value=str(snap.get("keyframes/kept", 0))),
