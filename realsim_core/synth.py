@@ -26,7 +26,14 @@ Truth model (decisions):
   random phase), clipped to the joint range: smooth, covering the workspace, wrist cameras
   sweep the table, grippers open and close;
 - objects: box, cylinder, sphere, torus (non-convex), cycled, random yaw and table
-  position, resting on the table top (z = 0); rendered as the same triangle meshes.
+  position, resting on the table top (z = 0); rendered as the same triangle meshes;
+- bumps (`--bump CAMERA:T_FRAC:MM:DEG`, repeatable): from image frame
+  round(T_FRAC * frames) on, CAMERA's true pose is its pose before @ B, with B a rigid
+  offset of exactly MM / DEG (random directions, drawn from a generator seeded with
+  [seed, 1] so the rest of the recording is the same as without the bump). The
+  ground truth (`cameras:`) describes the FINAL pose, what a calibration that follows
+  the bump should end at; `noise: bump_events` lists each bump with its first frame,
+  stamp and the pose before it.
 
 Deterministic for a given config (numpy Generator seeded with `seed`).
 """
@@ -78,6 +85,18 @@ class SynthConfig:
     rig: str | None = None  # rig file; None = builtin:aloha2
     image_rate_hz: float = 5.0
     joint_rate_hz: float = 50.0
+    bumps: tuple = ()  # ((camera, t_frac, mm, deg), ...): camera moved mid-recording
+
+
+@dataclass(frozen=True)
+class Bump:
+    """A camera moved mid-recording: from image frame `frame` on, pose = before @ offset."""
+
+    camera: str
+    frame: int
+    offset: np.ndarray  # [4, 4] rigid, applied on the right of T_mount_optical
+    mm: float
+    deg: float
 
 
 @dataclass(frozen=True)
@@ -102,8 +121,20 @@ class Simulation:
     q_measured: np.ndarray  # [N, J] what the bag carries
     image_index: np.ndarray  # [F] indices into the joint grid of the image stamps
     joint_offsets: np.ndarray  # [J] true offsets: true = measured + offset (+ noise)
-    camera_truth: dict  # name -> [4, 4] true T_mount_optical
+    camera_truth: dict  # name -> [4, 4] true T_mount_optical (final, after any bump)
     objects: tuple[SceneObject, ...]
+    bumps: tuple[Bump, ...] = ()
+    camera_truth_start: dict | None = None  # name -> [4, 4] before any bump
+
+    def camera_truth_at(self, frame: int) -> dict:
+        """{camera: [4, 4] T_mount_optical} true at image frame `frame`."""
+        if not self.bumps:
+            return self.camera_truth
+        out = dict(self.camera_truth_start)
+        for b in self.bumps:
+            if frame >= b.frame:
+                out[b.camera] = out[b.camera] @ b.offset
+        return out
 
 
 # ------------------------------------------------------------------------------ sampling
@@ -228,8 +259,32 @@ def simulate(rig: Rig, model, cfg: SynthConfig) -> Simulation:
     noise = rng.normal(0.0, 1.0, q_true.shape) * cfg.joint_noise_std * scale
     q_meas = q_true - offsets + noise
     objects = make_objects(cfg.objects, rng)
+    bumps = make_bumps(rig, cfg)
+    start = dict(camera_truth)
+    for b in bumps:
+        camera_truth[b.camera] = camera_truth[b.camera] @ b.offset
     return Simulation(names, stamps, q_true, q_meas, np.arange(cfg.frames) * ratio, offsets,
-                      camera_truth, objects)
+                      camera_truth, objects, bumps, start)
+
+
+def make_bumps(rig: Rig, cfg: SynthConfig) -> tuple[Bump, ...]:
+    """Check `cfg.bumps` and draw their offsets (own generator: the rest is unchanged)."""
+    rng = np.random.default_rng([cfg.seed, 1])
+    out = []
+    names = rig.camera_names
+    for cam, frac, mm, deg in cfg.bumps:
+        if cam not in names:
+            raise RealsimError(f"--bump: unknown camera {cam!r} (rig has {', '.join(names)})")
+        if not 0.0 < frac < 1.0:
+            raise RealsimError(f"--bump {cam}: T_FRAC must be in (0, 1), got {frac:g}")
+        if mm < 0 or deg < 0 or not (math.isfinite(mm) and math.isfinite(deg)):
+            raise RealsimError(f"--bump {cam}: MM and DEG must be finite and >= 0")
+        frame = int(round(frac * cfg.frames))
+        if not 0 < frame < cfg.frames:
+            raise RealsimError(f"--bump {cam}: T_FRAC {frac:g} of {cfg.frames} frames leaves "
+                               "no frame before or after the bump")
+        out.append(Bump(cam, frame, random_camera_offset(rng, mm, deg), float(mm), float(deg)))
+    return tuple(sorted(out, key=lambda b: b.frame))
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -392,8 +447,14 @@ def synthesize(out_dir: str | os.PathLike, cfg: SynthConfig, progress=None) -> S
 
     render_model = build_render_model(rig, sim.objects, w, h)
     t1 = time.perf_counter()
-    images = render_frames(rig, render_model, sim.q_true[sim.image_index], sim.camera_truth, w, h,
-                           callback=progress)
+    q_img = sim.q_true[sim.image_index]
+    cuts = sorted({0, cfg.frames, *(b.frame for b in sim.bumps)})
+    parts = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):  # frames between bumps share camera poses
+        parts.append(render_frames(
+            rig, render_model, q_img[lo:hi], sim.camera_truth_at(lo), w, h,
+            callback=None if progress is None else (lambda f, lo=lo: progress(lo + f))))
+    images = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
     t_render = time.perf_counter() - t1
 
     out.mkdir(parents=True, exist_ok=True)
@@ -451,6 +512,13 @@ def synthesize(out_dir: str | os.PathLike, cfg: SynthConfig, progress=None) -> S
     )
     noise = asdict(cfg)
     noise["resolution"] = f"{w}x{h}"
+    noise["bumps"] = [f"{c}:{f:g}:{mm:g}:{deg:g}" for c, f, mm, deg in cfg.bumps]
+    noise["bump_events"] = [
+        {"camera": b.camera, "frame": b.frame,
+         "stamp_ns": int(sim.joint_stamps_ns[sim.image_index[b.frame]]),
+         "translation_mm": b.mm, "rotation_deg": b.deg,
+         "pose_before": sim.camera_truth_at(b.frame - 1)[b.camera].tolist()}
+        for b in sim.bumps]
     noise["rig"] = cfg.rig or "builtin:aloha2"
     noise["slide_std_m_per_rad"] = SLIDE_STD_M_PER_RAD
     gt_path = out / "ground_truth.yaml"

@@ -145,3 +145,47 @@ def test_bad_options(tmp_path):
     (tmp_path / "b" / "x").write_text("")
     with pytest.raises(RealsimError, match="not empty"):
         synthesize(tmp_path / "b", SynthConfig())
+
+
+def test_bump_moves_one_camera_mid_recording(tmp_path):
+    """--bump: frames before are those of the unbumped recording; truth = final pose."""
+    from realsim_core.se3 import rotation_error_deg
+
+    base = SynthConfig(seed=5, frames=6, resolution=(64, 36), objects=0)
+    plain = synthesize(tmp_path / "plain", base)
+    bumped = synthesize(tmp_path / "bumped",
+                        SynthConfig(**{**base.__dict__, "bumps": (("cam_high", 0.5, 12.0, 1.5),)}))
+    gt_plain, gt = read_ground_truth(plain.ground_truth), read_ground_truth(bumped.ground_truth)
+    (event,) = gt.noise["bump_events"]
+    assert event["camera"] == "cam_high" and event["frame"] == 3
+    before = np.asarray(event["pose_before"])
+    np.testing.assert_allclose(before, gt_plain.truth.cameras["cam_high"].pose, atol=1e-7)
+    final = gt.truth.cameras["cam_high"].pose
+    assert np.linalg.norm(final[:3, 3] - before[:3, 3]) * 1e3 == pytest.approx(12.0, abs=1e-4)
+    assert rotation_error_deg(final[:3, :3], before[:3, :3]) == pytest.approx(1.5, abs=1e-4)
+    for cam in ("cam_low", "cam_left_wrist", "cam_right_wrist"):
+        np.testing.assert_array_equal(gt.truth.cameras[cam].pose,
+                                      gt_plain.truth.cameras[cam].pose)
+    assert gt.truth.joint_offsets == gt_plain.truth.joint_offsets
+
+    def images(res, topic):
+        return [s.rgb for s in read_bag(res.bag, topics=[topic]).images[topic]]
+
+    for cam, moved in (("cam_high", True), ("cam_low", False)):
+        topic = f"/{cam}/camera/color/image_rect_raw"
+        a, b = images(plain, topic), images(bumped, topic)
+        assert len(a) == len(b) == 6
+        assert all(np.array_equal(x, y) for x, y in zip(a[:3], b[:3]))  # before: same
+        assert [not np.array_equal(x, y) for x, y in zip(a[3:], b[3:])] == [moved] * 3
+
+
+@pytest.mark.parametrize("bump, why", [
+    (("cam_nope", 0.5, 1.0, 1.0), "unknown camera 'cam_nope'"),
+    (("cam_high", 1.0, 1.0, 1.0), "T_FRAC must be in (0, 1)"),
+    (("cam_high", 0.5, -1.0, 1.0), "MM and DEG must be finite and >= 0"),
+])
+def test_bad_bump(tmp_path, bump, why):
+    with pytest.raises(RealsimError) as exc:
+        synthesize(tmp_path / "x", SynthConfig(frames=4, resolution=(32, 18), objects=0,
+                                               bumps=(bump,)))
+    assert why in str(exc.value)

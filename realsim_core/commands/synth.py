@@ -15,6 +15,17 @@ def _resolution(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _bump(text: str) -> tuple[str, float, float, float]:
+    parts = text.split(":")
+    try:
+        if len(parts) != 4:
+            raise ValueError
+        return parts[0], float(parts[1]), float(parts[2]), float(parts[3])
+    except ValueError:
+        raise RealsimError(f"--bump must look like cam_high:0.5:10:1 (CAMERA:T_FRAC:MM:DEG), "
+                           f"got '{text}'") from None
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "synth", help="render a ground-truth recording (rosbag2 + rig.yaml + ground_truth.yaml)",
@@ -35,6 +46,10 @@ def add_parser(sub) -> None:
     p.add_argument("--resolution", default="424x240", metavar="WxH",
                    help="image size (default 424x240)")
     p.add_argument("--rig", default=None, help="rig file (default builtin:aloha2)")
+    p.add_argument("--bump", action="append", default=[], metavar="CAMERA:T_FRAC:MM:DEG",
+                   help="move CAMERA by exactly MM mm / DEG deg (random directions) from "
+                        "the fraction T_FRAC of the recording on; ground_truth.yaml then "
+                        "describes the final pose (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -46,6 +61,7 @@ def run(args) -> int:
         joint_noise_std=args.joint_noise_std, camera_offset_mm=args.camera_offset_mm,
         camera_offset_deg=args.camera_offset_deg, objects=args.objects,
         resolution=_resolution(args.resolution), rig=args.rig,
+        bumps=tuple(_bump(b) for b in args.bump),
     )
     tty = sys.stderr.isatty()
 
