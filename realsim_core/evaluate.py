@@ -10,7 +10,8 @@
   and C MuJoCo kinematics (float64, no JIT);
 - Chamfer per object: 10,000 points sampled uniformly on each surface (world frame),
   mean nearest squared distance both ways, summed (mm^2, PyTorch3D convention). Objects
-  are matched by name; a truth object the calibration lacks is reported as missing (None).
+  are matched by nearest bounding-box centre (reconstructions have no semantic names); a
+  truth object without an estimate within 5 cm is reported as missing (None).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from realsim_core.errors import RealsimError
 from realsim_core.se3 import rotation_error_deg
 
 CHAMFER_SAMPLES = 10_000
+MATCH_RADIUS_M = 0.05  # an estimate farther than this from every truth object matches none
 
 
 @dataclass(frozen=True)
@@ -134,22 +136,41 @@ def chamfer_mm2(points_a: np.ndarray, points_b: np.ndarray) -> float:
 
 def object_chamfers(calib: Calibration, gt: GroundTruth, n: int = CHAMFER_SAMPLES,
                     seed: int = 0) -> dict[str, float | None]:
-    """Chamfer (mm^2) per truth object, estimate vs truth, both in world frame."""
-    est = {o.name: o for o in calib.objects}
-    out: dict[str, float | None] = {}
-    for i, o in enumerate(gt.truth.objects):
+    """Chamfer (mm^2) per truth object, estimate vs truth, both in world frame.
+
+    Reconstructed objects carry no semantic names, so estimates are matched to truth
+    objects by the distance of their bounding-box centres (greedy, closest pairs first,
+    one estimate per truth object, within `MATCH_RADIUS_M`); a truth object without an
+    estimate is reported as missing (None).
+    """
+    truth = []
+    for o in gt.truth.objects:
         if o.name in gt.object_meshes:
-            true_mesh = _load_mesh(gt.object_meshes[o.name])
+            truth.append((o.name, _load_mesh(gt.object_meshes[o.name])))
         else:
-            true_mesh = _load_mesh(o.mesh, o.pose)
-        e = est.get(o.name)
-        if e is None:
-            out[o.name] = None
+            truth.append((o.name, _load_mesh(o.mesh, o.pose)))
+    est = [_load_mesh(e.mesh, e.pose) for e in calib.objects]
+
+    def centre(m):
+        b = np.asarray(m.bounds)
+        return 0.5 * (b[0] + b[1])
+
+    pairs = sorted((float(np.linalg.norm(centre(tm) - centre(em))), i, j)
+                   for i, (_, tm) in enumerate(truth) for j, em in enumerate(est))
+    match: dict[int, int] = {}
+    used: set[int] = set()
+    for d, i, j in pairs:
+        if d <= MATCH_RADIUS_M and i not in match and j not in used:
+            match[i] = j
+            used.add(j)
+    out: dict[str, float | None] = {}
+    for i, (name, true_mesh) in enumerate(truth):
+        if i not in match:
+            out[name] = None
             continue
-        est_mesh = _load_mesh(e.mesh, e.pose)
         # the same seed on both sides: identical surfaces give identical samples (CD = 0)
-        out[o.name] = chamfer_mm2(sample_surface(est_mesh, n, seed + i),
-                                  sample_surface(true_mesh, n, seed + i))
+        out[name] = chamfer_mm2(sample_surface(est[match[i]], n, seed + i),
+                                sample_surface(true_mesh, n, seed + i))
     return out
 
 

@@ -2,9 +2,11 @@
 
 Per object: an icosphere (642 vertices, 5 cm radius by default) is placed at the
 least-squares intersection of the camera rays through the object's mask centroids, then
-a global translation, per-vertex deltas (connectivity fixed) and the SplatMesh Gaussians
-(`render/splatmesh.py`, one free part per object) are optimised with Adam (optax), jointly
-with small se(3) deltas of every camera (right-applied, optical frame, Gaussian prior).
+a global translation, a global log-scale (our addition: shrinks/grows the sphere in a few
+steps instead of hundreds of per-vertex moves), per-vertex deltas (connectivity fixed)
+and the SplatMesh Gaussians (`render/splatmesh.py`, one free part per object) are
+optimised with Adam (optax), jointly with small se(3) deltas of every camera
+(right-applied, optical frame, Gaussian prior).
 
 Losses (weights in `ObjectConfig`, defaults documented in docs/objects.md):
 - photometric: L1 between the render (black background) and the masked observation;
@@ -15,7 +17,10 @@ Losses (weights in `ObjectConfig`, defaults documented in docs/objects.md):
   a gradient that grows with the distance (paper's "L2 against the squared EDT");
 - normal consistency (optional, when views carry normal images): L2 between rendered
   camera-frame normals and the given ones;
-- Laplacian smoothing: mean over vertices of |v_i - mean of its neighbours|^2 (mm^2);
+- Laplacian smoothing: mean over vertices of |d_i - mean of its neighbours' d_j|^2 (mm^2)
+  of the per-vertex deltas d (the paper's eq. 5 on the deformation rather than on the
+  positions: the absolute form also penalises the sphere's own curvature, which grows
+  with the global scale and biases every object towards shrinking);
 - edge length: variance of the edge lengths (mm^2).
 
 Views are warped once into per-object *virtual cameras*: same centre, rotated to look at
@@ -69,14 +74,15 @@ class ObjectConfig:
     w_smask: float = 0.05
     soft_mask_px: float = 8.0         # EDT distance (virtual px) with weight 1
     w_normal: float = 0.0             # only used when views carry normals
-    w_laplacian: float = 0.05         # per mm^2
-    w_edge: float = 0.01              # per mm^2
+    w_laplacian: float = 1.0          # per mm^2
+    w_edge: float = 0.1               # per mm^2
     w_camera_prior: float = 1e-3
     prior_camera_m: float = 0.005     # 1-sigma of the camera deltas
     prior_camera_rad: float = 0.01
     # Adam learning rates (cosine decay to 10 % over the run)
     lr_translation: float = 2e-3      # m
-    lr_vertices: float = 1e-3         # m
+    lr_scale: float = 2e-2            # global log-scale of the icosphere (fast shrink/grow)
+    lr_vertices: float = 5e-4         # m
     lr_gaussians: float = 1e-2        # logits / log-scales / SH
     lr_camera: float = 1e-4           # se(3) units (m, rad)
     tile_size: int = 8
@@ -370,6 +376,7 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
     params = {
         "translation": jnp.asarray(centre, jnp.float32),
         "deltas": jnp.zeros(base.shape, jnp.float32),
+        "log_scale": jnp.zeros((), jnp.float32),
         "bary_logits": sp["bary_logits"], "log_scales": sp["log_scales"], "sh": sp["sh"],
         "opacity_logits": sp["opacity_logits"],
         "cam_xi": jnp.zeros((n_cameras, 6), jnp.float32),
@@ -379,6 +386,12 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
     return static, params
 
 
+def object_vertices(static: _Static, params):
+    """[V, 3] vertices in the object frame (m): exp(log_scale) * icosphere + deltas."""
+    base = jnp.asarray(static.base_vertices, jnp.float32)
+    return jnp.exp(params["log_scale"]) * base + params["deltas"]
+
+
 def object_gaussians(static: _Static, params, clamp_opacity: bool):
     """World Gaussians (splatmesh.WorldGaussians) of the object's current mesh."""
     from realsim_core.render.splatmesh import gaussians_in_world
@@ -386,7 +399,7 @@ def object_gaussians(static: _Static, params, clamp_opacity: bool):
     sp = {k: params[k] for k in ("bary_logits", "log_scales", "sh", "opacity_logits")}
     if "log_scale_normal" in params:
         sp["log_scale_normal"] = params["log_scale_normal"]
-    sp["vertices"] = jnp.asarray(static.base_vertices, jnp.float32) + params["deltas"]
+    sp["vertices"] = object_vertices(static, params)
     T = jnp.eye(4, dtype=jnp.float32).at[:3, 3].set(params["translation"])
     return gaussians_in_world(static.model, sp, T[None], clamp_opacity=clamp_opacity)
 
@@ -427,10 +440,10 @@ def loss_terms(static: _Static, params, idx, cfg: ObjectConfig) -> dict:
     w = jnp.maximum(jnp.sum(valid), 1.0)
     photo = jnp.sum(jnp.mean(jnp.abs(rgb - static.images[idx]), -1) * valid) / w
     hard, soft = mask_losses(alpha, m, static.edt[idx], valid, cfg.soft_mask_px)
-    v_mm = 1000.0 * (jnp.asarray(static.base_vertices, jnp.float32) + params["deltas"])
+    v_mm = 1000.0 * object_vertices(static, params)
     n_v = static.base_vertices.shape[0]
     terms = {"photo": photo, "mask": hard, "smask": soft,
-             "laplacian": laplacian_loss(v_mm, static.edges, n_v),
+             "laplacian": laplacian_loss(1000.0 * params["deltas"], static.edges, n_v),
              "edge": edge_length_loss(v_mm, static.edges)}
     if static.normals is not None:
         terms["normal"] = jnp.sum(jnp.sum((nrm - static.normals[idx] * alpha[..., None]) ** 2,
@@ -456,10 +469,12 @@ def make_optimizer(cfg: ObjectConfig, params) -> optax.GradientTransformation:
         return optax.adam(optax.cosine_decay_schedule(lr, max(cfg.steps, 1), alpha=0.1))
 
     groups = {"translation": adam(cfg.lr_translation), "deltas": adam(cfg.lr_vertices),
+              "scale": adam(cfg.lr_scale),
               "gauss": adam(cfg.lr_gaussians),
               "camera": adam(cfg.lr_camera) if cfg.refine_cameras else optax.set_to_zero()}
-    label = {k: ("translation" if k == "translation" else "deltas" if k == "deltas"
-                 else "camera" if k == "cam_xi" else "gauss") for k in params}
+    special = {"translation": "translation", "deltas": "deltas", "log_scale": "scale",
+               "cam_xi": "camera"}
+    label = {k: special.get(k, "gauss") for k in params}
     return optax.multi_transform(groups, label)
 
 
@@ -516,8 +531,8 @@ def reconstruct_object(views: list[View], cfg: ObjectConfig | None = None,
 def _result(static, params, cfg, name, init_world, history, seconds, n_views) -> ObjectResult:
     from realsim_core.render.sh import SH_C0
 
-    verts = (np.asarray(static.base_vertices, np.float64) + np.asarray(params["deltas"])
-             + np.asarray(params["translation"]))
+    verts = (np.asarray(object_vertices(static, params), np.float64)
+             + np.asarray(params["translation"], np.float64))
     g = object_gaussians(static, params, cfg.clamp_opacity)
     faces = np.asarray(static.model.faces)
     col = np.clip(0.5 + SH_C0 * np.asarray(g.sh[:, 0], np.float64), 0.0, 1.0)
@@ -636,3 +651,116 @@ def reconstruct_objects(views: list[View], object_masks: list[list[np.ndarray]],
         vs = [v._replace(mask=m) for v, m in zip(views, masks) if m is not None and m.any()]
         out.append(reconstruct_object(vs, cfg, name, n_cam, callback))
     return out
+
+
+# ----------------------------------------------------------------------------- sessions
+def session_views(session, params=None) -> tuple[list[View], list[int]]:
+    """Full-resolution views of every buffered frame of a `CalibrationSession`.
+
+    Camera poses come from the session's (accepted) estimate through MJX kinematics;
+    views of one rig camera share its extrinsic delta. Returns (views, frame slot of each).
+    """
+    from realsim_core import kinematics
+
+    params = session.accepted if params is None else params
+    st = session.static
+    li = int(np.argmin(session.cfg.levels))  # the finest pyramid level
+    n = session.n_frames
+    idx = jnp.arange(n, dtype=jnp.int32)
+    poses = kinematics.forward_batch(st.km, session.bufs.q[idx], params["joint_offsets"],
+                                     params["corrections"][idx], params["fixed_deltas"],
+                                     params["mounted_deltas"])
+    cams = np.asarray(poses.cameras, np.float64)
+    valid = np.asarray(session.bufs.valid)
+    views, slots = [], []
+    for f in range(n):
+        for c, _name in enumerate(session.cameras):
+            if valid[f, c] == 0:
+                continue
+            img = np.asarray(session.bufs.images[li][c][f])
+            views.append(View(img, cams[f, c], st.intrinsics[li][c], c))
+            slots.append(f)
+    return views, slots
+
+
+def session_renders(session, params=None) -> list[np.ndarray]:
+    """Calibrated renders of the known scene for every view of `session_views` (same order)."""
+    from realsim_core.calibration import render_batch
+
+    params = session.accepted if params is None else params
+    li = int(np.argmin(session.cfg.levels))
+    fn = jax.jit(lambda p, q, corr: render_batch(session.static, p, q, corr, li))
+    valid = np.asarray(session.bufs.valid)
+    out = []
+    for f in range(session.n_frames):
+        i = jnp.asarray([f], jnp.int32)
+        r = fn(params, session.bufs.q[i], params["corrections"][i])
+        for c in range(len(session.cameras)):
+            if valid[f, c]:
+                out.append(np.asarray(r[c][0], np.float64))
+    return out
+
+
+def derive_masks(views: list[View], renders: list[np.ndarray],
+                 cfg: MaskConfig | None = None) -> list[np.ndarray]:
+    """Per view: pixels the calibrated known-scene render does not explain (`residual_mask`)."""
+    cfg = cfg or MaskConfig()
+    return [residual_mask(np.asarray(v.image, np.float64) / (255.0 if np.asarray(v.image).max()
+                                                             > 1.5 else 1.0), r, cfg)
+            for v, r in zip(views, renders)]
+
+
+def masks_from_labels(labels: list[np.ndarray | None]) -> dict[int, list[np.ndarray]]:
+    """Instance label images (mono8, 0 = background) -> {label: per-view bool masks}.
+
+    A binary mask topic (0/255) gives one label (255): split it with `split_objects`.
+    """
+    ids = sorted({int(x) for lab in labels if lab is not None for x in np.unique(lab)} - {0})
+    shape = next(lab.shape for lab in labels if lab is not None)
+    return {k: [np.zeros(shape, bool) if lab is None else lab == k for lab in labels]
+            for k in ids}
+
+
+def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = None,
+                                mask_cfg: MaskConfig | None = None,
+                                label_masks: list[np.ndarray | None] | None = None,
+                                density: float = 500.0, log=None):
+    """Objects of a calibrated session -> exported meshes + `ObjectCalibration`s.
+
+    label_masks: per view of `session_views` an instance label image (from the
+    `/cam_*/object_mask` topic) or None; without them masks are derived from the residual
+    to the calibrated render. Writes `out_dir/<name>.{obj,stl,xml}` and the textured OBJ.
+    Returns (list of ObjectCalibration, list of ObjectResult, per-object masks).
+    """
+    from realsim_core.calibration_io import ObjectCalibration
+    from realsim_core.export import export_object
+
+    cfg = cfg or ObjectConfig()
+    mask_cfg = mask_cfg or MaskConfig()
+    views, _ = session_views(session)
+    if label_masks is not None and any(m is not None for m in label_masks):
+        by_label = masks_from_labels(label_masks)
+        if list(by_label) == [255]:  # binary masks: split into objects
+            objects = split_objects(views, by_label[255], mask_cfg)
+        else:
+            objects = [by_label[k] for k in by_label]
+    else:
+        objects = split_objects(views, derive_masks(views, session_renders(session)), mask_cfg)
+    if log:
+        log(f"{len(objects)} object(s) found in {len(views)} views")
+    calibs, results = [], []
+    for k, masks in enumerate(objects):
+        name = f"object_{k}"
+        try:
+            r = reconstruct_object([v._replace(mask=m) for v, m in zip(views, masks) if m.any()],
+                                   cfg, name, len(session.cameras))
+        except RealsimError as exc:
+            if log:
+                log(f"{name}: skipped ({exc})")
+            continue
+        e = export_object(out_dir, name, r.vertices, r.faces, r.face_colors, density)
+        calibs.append(ObjectCalibration(name, e.obj, e.pose))
+        results.append(r)
+        if log:
+            log(f"{name}: {r.n_views} views, {r.seconds:.0f} s")
+    return calibs, results, objects

@@ -32,6 +32,8 @@ class OfflineOptions:
     levels: tuple[int, ...] = (2, 1)
     seed: int = 0
     progress: bool = True
+    objects: bool = False             # reconstruct unknown objects after the calibration
+    object_steps: int | None = None   # Adam steps per object (default ObjectConfig.steps)
 
 
 def resolve_bag(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -144,13 +146,19 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         bar.close()
     session.std = session.uncertainty()
     calib = session.estimate()
+    t_obj = None
+    if opts.objects:
+        t1 = time.monotonic()
+        calib = _reconstruct_objects(session, bag, out, opts, calib)
+        t_obj = time.monotonic() - t1
     write_calibration(out / "calibration.yaml", calib)
     metrics = {
         "frames": session.n_frames, "steps": m.steps, "rollbacks": m.rollbacks,
         "accepted": m.accepted, "rejected": m.rejected,
         "holdout_l1_start": m.holdout_l1_start, "holdout_l1": m.holdout_l1,
         "steps_per_s": m.steps_per_s, "load_s": t_load,
-        "wall_s": time.monotonic() - t0, "rig": str(rig_path),
+        "wall_s": time.monotonic() - t0, "rig": str(rig_path), "objects_s": t_obj,
+        "objects": [o.name for o in calib.objects],
         "history": m.history,
     }
     gt_path = rec_dir / "ground_truth.yaml"
@@ -168,6 +176,53 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
 
     write_report(out / "report.html", session, start_params, metrics)
     return metrics
+
+
+def _label_masks(bag, session, n_views_per_frame) -> list | None:
+    """Per view of `objects.session_views`: the `/<camera>/object_mask` image nearest in time."""
+    from realsim_core.bag import read_bag
+
+    bag_dir, _ = resolve_bag(bag)
+    topics = [f"/{c}/object_mask" for c in session.cameras]
+    rec = read_bag(bag_dir, topics=topics)
+    if not any(rec.masks.get(t) for t in topics):
+        return None
+    out = []
+    valid = np.asarray(session.bufs.valid)
+    for f in range(session.n_frames):
+        for c, t in enumerate(topics):
+            if not valid[f, c]:
+                continue
+            ms = rec.masks.get(t) or []
+            best = min(ms, key=lambda m: abs(m.stamp_ns - session.stamps[f]), default=None)
+            ok = best is not None and abs(best.stamp_ns - session.stamps[f]) < 50_000_000
+            out.append(np.asarray(best.rgb) if ok else None)
+    return out
+
+
+def _reconstruct_objects(session, bag, out: Path, opts: OfflineOptions, calib):
+    """Objects after the calibration: meshes under out/meshes, added to the calibration."""
+    import dataclasses
+
+    from realsim_core.objects import ObjectConfig, reconstruct_session_objects
+
+    cfg = ObjectConfig(seed=opts.seed)
+    if opts.object_steps is not None:
+        cfg = cfg.replace(steps=opts.object_steps)
+    labels = _label_masks(bag, session, len(session.cameras))
+
+    def log(msg):
+        print(f"realsim calibrate: objects: {msg}", file=sys.stderr)
+
+    objs, _, _ = reconstruct_session_objects(session, out / "meshes", cfg, label_masks=labels,
+                                             log=log)
+    if objs:
+        from realsim_core.export import write_scene_mjcf
+
+        rig_model = session.rig.mjcf_path
+        write_scene_mjcf(out / "meshes" / "scene.xml", rig_model,
+                         [out / "meshes" / f"{o.name}.xml" for o in objs])
+    return dataclasses.replace(calib, objects=tuple(objs))
 
 
 def _plain(x):

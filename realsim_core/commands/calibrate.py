@@ -26,8 +26,10 @@ def add_parser(sub) -> None:
                    help="image pyramid factors, coarse to fine (default 2,1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--objects", dest="objects", action="store_true",
-                   help="also reconstruct unknown objects (not available yet)")
+                   help="also reconstruct unknown objects (meshes under OUT/meshes/)")
     p.add_argument("--no-objects", dest="objects", action="store_false")
+    p.add_argument("--object-steps", type=int, metavar="N",
+                   help="Adam steps per object (default 600)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run, objects=False)
 
@@ -35,8 +37,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from realsim_core.offline import OfflineOptions, calibrate_bag
 
-    if args.objects:
-        raise RealsimError("object reconstruction is not implemented yet; use --no-objects")
+    if args.object_steps is not None and args.object_steps < 1:
+        raise RealsimError("--object-steps must be >= 1")
     try:
         levels = tuple(int(x) for x in args.levels.split(","))
     except ValueError:
@@ -48,7 +50,8 @@ def run(args) -> int:
         raise RealsimError("--steps and --time-budget must be > 0")
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
-                          seed=args.seed, progress=not args.no_progress)
+                          seed=args.seed, progress=not args.no_progress,
+                          objects=args.objects, object_steps=args.object_steps)
     m = calibrate_bag(args.bag, args.out, opts)
     print(f"calibrated {m['frames']} frames in {m['wall_s']:.1f} s ({m['steps']} steps); "
           f"held-out L1 {m['holdout_l1_start']:.4f} -> {m['holdout_l1']:.4f}")
