@@ -37,6 +37,12 @@ MS = 1_000_000  # ns per millisecond
 # JointStateBuffer.add() results
 ACCEPTED = "accepted"
 DUPLICATE = "duplicate"
+# A loop shorter than the clock-jump threshold (a 0.5 s bag looping): stamps step back by
+# less than the threshold but then KEEP arriving behind the newest one. That many in a row
+# on one stream is a new timeline, not late arrivals (one camera / one driver publishes
+# in order; a reordered message is a single one).
+LOOP_RUN_IMAGES = 3
+LOOP_RUN_JOINTS = 10
 RESET = "reset"  # accepted after clearing the buffer (clock jumped backwards)
 REJECTED_NAMES = "rejected_names"
 REJECTED_SIZE = "rejected_size"
@@ -82,6 +88,7 @@ class JointStateBuffer:
         self.max_gap_ns = None if max_gap_ns is None else int(max_gap_ns)
         self._stamps: list[int] = []
         self._positions: list[np.ndarray] = []
+        self._behind = 0  # consecutive samples older than the newest (a short loop?)
         self.stats: Counter[str] = Counter()
         self.last_message = ""  # human-readable detail of the last non-accepted sample
 
@@ -102,6 +109,7 @@ class JointStateBuffer:
         """Forget every sample (stats are kept)."""
         self._stamps.clear()
         self._positions.clear()
+        self._behind = 0
 
     def _select(self, sample: JointStateSample) -> tuple[str, np.ndarray | None]:
         position = np.asarray(sample.position, dtype=np.float64).reshape(-1)
@@ -141,10 +149,13 @@ class JointStateBuffer:
             return status
         stamp = int(sample.stamp_ns)
         result = ACCEPTED
-        if self._stamps and stamp < self._stamps[-1] - self.reset_threshold_ns:
+        self._behind = self._behind + 1 if self._stamps and stamp < self._stamps[-1] else 0
+        if self._stamps and (stamp < self._stamps[-1] - self.reset_threshold_ns
+                             or self._behind >= LOOP_RUN_JOINTS):
             self.last_message = (
                 f"clock jumped back from {self._stamps[-1]} to {stamp} ns: buffer reset"
             )
+            self._behind = 0
             self.clear()
             self.stats[RESET] += 1
             result = RESET
@@ -228,8 +239,11 @@ class FrameAssembler:
     one arm), as when a bag loops or a simulation restarts, resets the whole assembler
     (pending sets and joint buffers) and counts `clock_resets`. Jumps are judged per
     stream, so a stream whose clock is offset from the others never triggers resets (its
-    data just fails to sync, visible as drops). A loop seen by N streams may count up to
-    N resets and lose the few messages around the loop point.
+    data just fails to sync, visible as drops). A loop shorter than `clock_jump_ns` is
+    caught by its persistence instead: `LOOP_RUN_IMAGES` images of one camera (or
+    `LOOP_RUN_JOINTS` joint states of one arm) in a row older than that stream's newest.
+    A loop seen by N streams may count up to N resets and lose the few messages around
+    the loop point.
 
     Args:
         cameras: camera names; the first present one gives a set its stamp.
@@ -287,6 +301,7 @@ class FrameAssembler:
         self._pending: list[_Pending] = []
         self._closed: deque[tuple[int, int, frozenset[str]]] = deque(maxlen=2 * max_pending)
         self._camera_last: dict[str, int] = {}
+        self._camera_behind: dict[str, int] = {}  # consecutive images older than the last
         self._now: int | None = None
 
     # ------------------------------------------------------------------ inputs
@@ -301,6 +316,7 @@ class FrameAssembler:
         self._pending.clear()
         self._closed.clear()
         self._camera_last.clear()
+        self._camera_behind.clear()
         self._now = None
         for buf in self.buffers.values():
             buf.clear()
@@ -315,7 +331,9 @@ class FrameAssembler:
         self.stats["images_received"] += 1
         t = int(sample.stamp_ns)
         last = self._camera_last.get(camera)
-        if last is not None and t < last - self.clock_jump_ns:
+        behind = self._camera_behind[camera] = (
+            self._camera_behind.get(camera, 0) + 1 if last is not None and t < last else 0)
+        if last is not None and (t < last - self.clock_jump_ns or behind >= LOOP_RUN_IMAGES):
             self.last_message = f"clock jumped back from {last} to {t} ns on {camera}: reset"
             self.stats["clock_resets"] += 1
             self.reset()

@@ -273,6 +273,37 @@ def test_backwards_clock_resets_and_counts():
     assert fa.stats["clock_resets"] == 2 and len(fa.buffers["left"]) == 0
 
 
+def test_short_loop_below_the_jump_threshold_resets_too():
+    """A 0.4 s bag looping steps back by < clock_jump_ns (1 s): caught by persistence."""
+    fa = _assembler()
+    period = 100 * MS
+
+    def play(loop: int) -> list:
+        out = []
+        for i in range(4):
+            t = T0 + i * period
+            _feed_joints(fa, t - 40 * MS, t + 40 * MS)
+            for cam in CAMS:
+                fa.add_image(cam, _img(t, loop))
+            out += fa.pop_ready()
+        return out
+
+    first = play(0)
+    assert fa.stats["clock_resets"] == 0 and len(first) >= 2
+    again = play(1)  # same stamps again: every image is behind its camera's newest
+    assert fa.stats["clock_resets"] >= 1
+    assert [f.stamp_ns for f in again] != [] and fa.stats["assembled"] > len(first)
+    assert fa.stats["rejected_out_of_order_image"] <= 2 * len(CAMS)  # only around the loop
+    # one late image or a few late joint states are not a loop
+    fb = _assembler()
+    _feed_joints(fb, T0, T0 + 200 * MS)
+    fb.add_image("cam_high", _img(T0 + 100 * MS))
+    fb.add_image("cam_high", _img(T0 + 90 * MS))
+    for t in (T0 + 150 * MS, T0 + 130 * MS, T0 + 110 * MS):
+        fb.add_joint_state("left", _js(t + 1, _truth(t)))
+    assert fb.stats["clock_resets"] == 0
+
+
 def test_bounded_memory_under_overload():
     fa = _assembler(max_pending=16, joint_capacity=64, max_latency_ns=500 * MS)
     _feed_joints(fa, T0, T0 + 100 * MS)  # then the joint states stop
