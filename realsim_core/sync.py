@@ -38,9 +38,9 @@ MS = 1_000_000  # ns per millisecond
 ACCEPTED = "accepted"
 DUPLICATE = "duplicate"
 # A loop shorter than the clock-jump threshold (a 0.5 s bag looping): stamps step back by
-# less than the threshold but then KEEP arriving behind the newest one. That many in a row
-# on one stream is a new timeline, not late arrivals (one camera / one driver publishes
-# in order; a reordered message is a single one).
+# less than the threshold but then KEEP arriving well behind the newest one (by more than
+# the set timeout for images, the joint tolerance for joint states). That many in a row
+# on one stream is a new timeline, not late arrivals.
 LOOP_RUN_IMAGES = 3
 LOOP_RUN_JOINTS = 10
 RESET = "reset"  # accepted after clearing the buffer (clock jumped backwards)
@@ -149,7 +149,8 @@ class JointStateBuffer:
             return status
         stamp = int(sample.stamp_ns)
         result = ACCEPTED
-        self._behind = self._behind + 1 if self._stamps and stamp < self._stamps[-1] else 0
+        behind = self._stamps and stamp < self._stamps[-1] - self.tolerance_ns
+        self._behind = self._behind + 1 if behind else 0
         if self._stamps and (stamp < self._stamps[-1] - self.reset_threshold_ns
                              or self._behind >= LOOP_RUN_JOINTS):
             self.last_message = (
@@ -332,7 +333,8 @@ class FrameAssembler:
         t = int(sample.stamp_ns)
         last = self._camera_last.get(camera)
         behind = self._camera_behind[camera] = (
-            self._camera_behind.get(camera, 0) + 1 if last is not None and t < last else 0)
+            self._camera_behind.get(camera, 0) + 1
+            if last is not None and t < last - self.set_timeout_ns else 0)
         if last is not None and (t < last - self.clock_jump_ns or behind >= LOOP_RUN_IMAGES):
             self.last_message = f"clock jumped back from {last} to {t} ns on {camera}: reset"
             self.stats["clock_resets"] += 1

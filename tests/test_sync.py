@@ -274,13 +274,13 @@ def test_backwards_clock_resets_and_counts():
 
 
 def test_short_loop_below_the_jump_threshold_resets_too():
-    """A 0.4 s bag looping steps back by < clock_jump_ns (1 s): caught by persistence."""
+    """A 0.6 s bag looping steps back by < clock_jump_ns (1 s): caught by persistence."""
     fa = _assembler()
     period = 100 * MS
 
     def play(loop: int) -> list:
         out = []
-        for i in range(4):
+        for i in range(6):
             t = T0 + i * period
             _feed_joints(fa, t - 40 * MS, t + 40 * MS)
             for cam in CAMS:
@@ -301,6 +301,9 @@ def test_short_loop_below_the_jump_threshold_resets_too():
     fb.add_image("cam_high", _img(T0 + 90 * MS))
     for t in (T0 + 150 * MS, T0 + 130 * MS, T0 + 110 * MS):
         fb.add_joint_state("left", _js(t + 1, _truth(t)))
+    for k in range(5):  # a run of slightly late images (less than the set timeout behind)
+        fb.add_image("cam_low", _img(T0 + 100 * MS))
+        fb.add_image("cam_low", _img(T0 + 60 * MS + k))
     assert fb.stats["clock_resets"] == 0
 
 
