@@ -589,29 +589,34 @@ def residual_mask(observed: np.ndarray, rendered: np.ndarray, cfg: MaskConfig) -
 def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -> list[list]:
     """Connected components of every view's mask -> objects (lists of per-view masks).
 
-    Components are placed on the table plane (ray through the centroid cut at
-    table_z + lift_m) and clustered greedily within cluster_m; clusters seen in fewer than
-    min_views views or outside the workspace are dropped. Returns, per object, a list of
-    [H, W] bool masks aligned with `views` (all False where the view misses it).
+    Components seen steeply enough (ray z < -0.2) are placed on the table plane (ray
+    through the centroid cut at table_z + lift_m) and clustered greedily within
+    cluster_m; clusters seen in fewer than min_views views or outside the workspace are
+    dropped. Then every component (shallow views too) is given to the objects whose
+    centres project into it; one holding several is split by the nearest projected centre.
+    Returns, per object, a list of [H, W] bool masks aligned with `views` (all False
+    where the view misses it).
     """
     from scipy import ndimage
 
-    comps = []  # (view index, component mask, xy)
+    comps = []  # (view index, component mask, xy on the table or None)
     for i, (v, m) in enumerate(zip(views, masks)):
         lab, n = ndimage.label(m)
         for k in range(1, n + 1):
             cm = lab == k
             o, d = pixel_ray(v.T_world_cam, v.intrinsics, mask_centroid(cm))
-            if d[2] > -1e-3:
-                continue  # ray does not go down to the table
-            t = (cfg.table_z + cfg.lift_m - o[2]) / d[2]
-            xy = (o + t * d)[:2]
-            x0, x1, y0, y1 = cfg.workspace_xy
-            if x0 <= xy[0] <= x1 and y0 <= xy[1] <= y1:
-                comps.append((i, cm, xy))
+            xy = None
+            if d[2] < -0.2:  # steep enough for a stable cut with the table plane
+                t = (cfg.table_z + cfg.lift_m - o[2]) / d[2]
+                xy = (o + t * d)[:2]
+                x0, x1, y0, y1 = cfg.workspace_xy
+                if not (x0 <= xy[0] <= x1 and y0 <= xy[1] <= y1):
+                    continue
+            comps.append((i, cm, xy))
     centres: list[np.ndarray] = []
     members: list[list] = []
-    for i, cm, xy in sorted(comps, key=lambda c: -int(c[1].sum())):
+    placed = [c for c in comps if c[2] is not None]
+    for i, cm, xy in sorted(placed, key=lambda c: -int(c[1].sum())):
         dists = [np.linalg.norm(xy - c) for c in centres]
         if dists and min(dists) < cfg.cluster_m:
             j = int(np.argmin(dists))
@@ -620,16 +625,47 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
         else:
             centres.append(xy)
             members.append([(i, cm, xy)])
-    objects = []
-    for mem in members:
-        if len({i for i, _, _ in mem}) < cfg.min_views:
-            continue
-        per_view = [np.zeros(np.asarray(v.image).shape[:2], bool) for v in views]
-        for i, cm, _ in mem:
-            per_view[i] |= cm
-        objects.append((np.mean([x for _, _, x in mem], 0), per_view))
-    objects.sort(key=lambda o: (round(float(o[0][0]), 3), round(float(o[0][1]), 3)))
-    return [pv for _, pv in objects]
+    keep = [k for k, mem in enumerate(members) if len({i for i, _, _ in mem}) >= cfg.min_views]
+    centres3 = [np.r_[np.mean([x for _, _, x in members[k]], 0), cfg.table_z + cfg.lift_m]
+                for k in keep]
+    per_obj = [[np.zeros(np.asarray(v.image).shape[:2], bool) for v in views] for _ in keep]
+    # second pass: every component goes to the objects whose centres project into it; a
+    # component holding several (objects touching in this view) is split by nearest centre
+    for i, cm, xy in comps:
+        v = views[i]
+        T = np.asarray(v.T_world_cam, np.float64)
+        inside = []
+        for k, c in enumerate(centres3):
+            p = T[:3, :3].T @ (c - T[:3, 3])
+            if p[2] <= 1e-6:
+                continue
+            u = v.intrinsics.fx * p[0] / p[2] + v.intrinsics.cx
+            w = v.intrinsics.fy * p[1] / p[2] + v.intrinsics.cy
+            ui, wi = int(round(u)), int(round(w))
+            if 0 <= wi < cm.shape[0] and 0 <= ui < cm.shape[1] and near(cm, wi, ui):
+                inside.append((k, u, w))
+        if len(inside) >= 2:
+            vs, us = np.nonzero(cm)
+            d = np.stack([(us - u) ** 2 + (vs - w) ** 2 for _, u, w in inside])
+            owner = np.argmin(d, 0)
+            for j, (k, _, _) in enumerate(inside):
+                per_obj[k][i][vs[owner == j], us[owner == j]] = True
+        elif xy is None:  # shallow ray: the object whose centre projects into it
+            if inside:
+                per_obj[inside[0][0]][i] |= cm
+        else:
+            dists = [np.linalg.norm(xy - c[:2]) for c in centres3]
+            if dists and min(dists) < cfg.cluster_m:
+                per_obj[int(np.argmin(dists))][i] |= cm
+    order = sorted(range(len(keep)), key=lambda k: (round(float(centres3[k][0]), 3),
+                                                   round(float(centres3[k][1]), 3)))
+    return [per_obj[k] for k in order]
+
+
+def near(mask: np.ndarray, row: int, col: int, radius: int = 3) -> bool:
+    """Whether mask has a pixel within `radius` (Chebyshev) of (row, col)."""
+    r0, c0 = max(row - radius, 0), max(col - radius, 0)
+    return bool(mask[r0:row + radius + 1, c0:col + radius + 1].any())
 
 
 def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
