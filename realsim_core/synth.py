@@ -86,6 +86,7 @@ class SynthConfig:
     image_rate_hz: float = 5.0
     joint_rate_hz: float = 50.0
     bumps: tuple = ()  # ((camera, t_frac, mm, deg), ...): camera moved mid-recording
+    object_masks: bool = False  # also write /<cam>/object_mask (mono8, object i -> i + 1)
 
 
 @dataclass(frozen=True)
@@ -396,6 +397,19 @@ def render_frames(rig: Rig, render_model, q: np.ndarray, camera_truth: dict, wid
 # -------------------------------------------------------------------------------- writing
 
 
+def _object_labels(rig: Rig, render_model, sim, q_img, cuts, w: int, h: int) -> dict:
+    """{camera: uint8 [F, H, W]}: 0 background, i + 1 where object i is visible."""
+    import mujoco
+
+    lut = np.zeros(render_model.ngeom + 1, np.uint8)  # index geom id + 1 (-1 -> 0)
+    for i, o in enumerate(sim.objects):
+        bid = mujoco.mj_name2id(render_model, mujoco.mjtObj.mjOBJ_BODY, f"realsim/{o.name}")
+        lut[1 + np.flatnonzero(render_model.geom_bodyid == bid)] = i + 1
+    parts = [render_frames(rig, render_model, q_img[lo:hi], sim.camera_truth_at(lo), w, h,
+                           segmentation=True) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    return {c: lut[np.concatenate([p[c] for p in parts]) + 1] for c in parts[0]}
+
+
 def _write_obj(path: Path, vertices: np.ndarray, faces: np.ndarray) -> None:
     import trimesh
 
@@ -455,6 +469,8 @@ def synthesize(out_dir: str | os.PathLike, cfg: SynthConfig, progress=None) -> S
             rig, render_model, q_img[lo:hi], sim.camera_truth_at(lo), w, h,
             callback=None if progress is None else (lambda f, lo=lo: progress(lo + f))))
     images = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    labels = (_object_labels(rig, render_model, sim, q_img, cuts, w, h)
+              if cfg.object_masks else None)
     t_render = time.perf_counter() - t1
 
     out.mkdir(parents=True, exist_ok=True)
@@ -467,6 +483,9 @@ def synthesize(out_dir: str | os.PathLike, cfg: SynthConfig, progress=None) -> S
                 k = img_set[n]
                 for c in rig.cameras:
                     bw.write_image(c.image_topic, stamp, images[c.name][k], c.optical_frame)
+                    if labels is not None:
+                        bw.write_mask(f"/{c.name}/object_mask", stamp, labels[c.name][k],
+                                      c.optical_frame)
                     bw.write_camera_info(c.info_topic, stamp, intr[c.name], c.optical_frame)
             j = 0
             for a in rig.arms:

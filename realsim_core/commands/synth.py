@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
                    help="move CAMERA by exactly MM mm / DEG deg (random directions) from "
                         "the fraction T_FRAC of the recording on; ground_truth.yaml then "
                         "describes the final pose (repeatable)")
+    p.add_argument("--object-masks", action="store_true",
+                   help="also write /<cam>/object_mask (mono8 instance labels, object i -> "
+                        "i + 1) from MuJoCo's segmentation")
     p.set_defaults(func=run)
 
 
@@ -61,7 +64,7 @@ def run(args) -> int:
         joint_noise_std=args.joint_noise_std, camera_offset_mm=args.camera_offset_mm,
         camera_offset_deg=args.camera_offset_deg, objects=args.objects,
         resolution=_resolution(args.resolution), rig=args.rig,
-        bumps=tuple(_bump(b) for b in args.bump),
+        bumps=tuple(_bump(b) for b in args.bump), object_masks=args.object_masks,
     )
     tty = sys.stderr.isatty()
 
