@@ -195,7 +195,7 @@ def object_centric_views(vertices: np.ndarray, faces: np.ndarray, rgb=(0.8, 0.3,
             rend.update_scene(data, camera=cid)
             seg = rend.render()
             mask = (seg[..., 1] == int(mujoco.mjtObj.mjOBJ_GEOM)) & (seg[..., 0] >= 0)
-            views.append(View(img, T, intr, 0, mask))
+            views.append(View(img, T, intr, len(views), mask))  # one camera per view
     finally:
         rend.close()
     return views, pose

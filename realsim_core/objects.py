@@ -65,6 +65,7 @@ class ObjectConfig:
     mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
     min_per_face: int = 1
     max_per_face: int = 8
+    gauss_scale_init: float = 1.0     # x splatmesh's initial in-plane std (0.5 x spacing)
     clamp_opacity: bool = True        # opacity 1 for every Gaussian (paper B.2.2)
     surfel: bool = True               # normal scale = float32 eps (False: learned)
     refine_cameras: bool = True
@@ -377,7 +378,8 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
         "translation": jnp.asarray(centre, jnp.float32),
         "deltas": jnp.zeros(base.shape, jnp.float32),
         "log_scale": jnp.zeros((), jnp.float32),
-        "bary_logits": sp["bary_logits"], "log_scales": sp["log_scales"], "sh": sp["sh"],
+        "bary_logits": sp["bary_logits"],
+        "log_scales": sp["log_scales"] + math.log(cfg.gauss_scale_init), "sh": sp["sh"],
         "opacity_logits": sp["opacity_logits"],
         "cam_xi": jnp.zeros((n_cameras, 6), jnp.float32),
     }
