@@ -60,10 +60,11 @@ class CalibrationConfig:
     lr_joint: float = 2e-3                       # rad
     lr_camera: float = 2e-3                      # m and rad (se(3) delta)
     lr_correction: float = 5e-4                  # per-frame joint corrections, rad
+    lr_final_fraction: float = 0.1               # pose lr decays (cosine) to this per level
     fixed_weight: float = 1.0                    # image weight of fixed cameras
     wrist_weight: float = 0.1                    # image weight of wrist cameras
     ssim_lambda: float = 0.2
-    prior_weight: float = 0.02                   # weight of the prior term vs the image loss
+    prior_weight: float = 0.001                  # weight of the prior term vs the image loss
     init_colours: bool = True                    # colours from the images before fitting
     prior_joint_rad: float = 0.05                # 1-sigma priors towards nominal
     prior_camera_m: float = 0.02
@@ -74,7 +75,7 @@ class CalibrationConfig:
     optimise_cameras: bool = True
     holdout_fraction: float = 0.2
     tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md
-    capacity: int = 64
+    capacity: int = 128                          # Gaussians per tile (nearest kept)
     seed: int = 0
 
     def replace(self, **kw) -> CalibrationConfig:
@@ -300,6 +301,7 @@ class CalibrationSession:
         self.stamps: list[int] = []
         self.metrics = Metrics()
         self._rng = np.random.default_rng(self.cfg.seed)
+        self.lr_scale = 1.0     # multiplies the pose learning rates (run() decays it)
         self._build_optimisers()
         self.accepted = dict(self.params)
 
@@ -351,10 +353,11 @@ class CalibrationSession:
             return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
         @jax.jit
-        def step(params, pose_state, colour_state, bufs, idx, nominal, pose):
+        def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
             (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 params, bufs, idx, nominal, pose)
             up_p, new_pose_state = self._pose_opt.update(grads, pose_state, params)
+            up_p = jax.tree_util.tree_map(lambda u: u * lr_scale, up_p)
             up_c, new_colour_state = self._colour_opt.update(grads, colour_state, params)
             updates = select(pose, up_p, up_c)
             new_params = optax.apply_updates(params, updates)
@@ -422,6 +425,59 @@ class CalibrationSession:
             raise RealsimError("no training frames")
         k = self.cfg.batch_frames
         return jnp.asarray(self._rng.choice(train, size=k, replace=train.size < k), jnp.int32)
+
+    def camera_residuals(self, images: dict[str, np.ndarray], joints: np.ndarray,
+                         params=None) -> dict[str, float]:
+        """Mean L1 (0-1) per camera of one frame that is not in the buffer (finest level).
+
+        images: {camera: uint8 [H, W, 3]} at full resolution (cameras missing or of the wrong
+        size are left out); joints: [J] rig order; params: default the accepted estimate.
+        """
+        level = len(self.cfg.levels) - 1
+        factor = self.cfg.levels[level]
+        targets, valid = [], []
+        for c, it in zip(self.cameras, self.static.intrinsics[level]):
+            img = images.get(c)
+            full = self.full_intrinsics[c]
+            ok = img is not None and np.shape(img)[:2] == (full.height, full.width)
+            x = (losses.downsample(jnp.asarray(img, jnp.float32) / 255.0, factor)
+                 [:it.height, :it.width] if ok else jnp.zeros((it.height, it.width, 3)))
+            targets.append(x)
+            valid.append(ok)
+        res = np.asarray(self._residual_fn(level)(
+            self.accepted if params is None else params,
+            jnp.asarray(joints, jnp.float32), tuple(targets)))
+        return {c: float(r) for c, r, v in zip(self.cameras, res, valid) if v}
+
+    @functools.cache  # noqa: B019 - one per session and level, by design
+    def _residual_fn(self, level: int):
+        static = self.static
+
+        @jax.jit
+        def fn(params, q, targets):
+            renders = render_batch(static, params, q[None],
+                                   jnp.zeros((1, q.shape[0]), jnp.float32), level)
+            return jnp.stack([jnp.mean(jnp.abs(r[0] - t)) for r, t in zip(renders, targets)])
+
+        return fn
+
+    def mask_camera(self, camera: str, before_ns: int) -> int:
+        """Drop `camera`'s images of frames stamped before `before_ns`; returns the count.
+
+        Used when a camera was bumped: its older images show the old pose.
+        """
+        ci = self.cameras.index(camera)
+        valid = np.asarray(self.bufs.valid).copy()
+        old = [i for i, st in enumerate(self.stamps) if st < before_ns and valid[i, ci] > 0]
+        valid[old, ci] = 0.0
+        self.bufs = self.bufs._replace(valid=jnp.asarray(valid))
+        return len(old)
+
+    def restart_optimiser(self) -> None:
+        """Continue from the accepted estimate with fresh optimiser moments."""
+        self.params = dict(self.accepted)
+        self._pose_state = self._pose_opt.init(self.params)
+        self._colour_state = self._colour_opt.init(self.params)
 
     def holdout_residual(self, params=None, level: int | None = None) -> float:
         """Mean L1 (0-1 units) over held-out frames (training frames if none held out)."""
@@ -520,9 +576,7 @@ class CalibrationSession:
             m.holdout_l1 = res
             m.accepted += 1
         else:
-            self.params = dict(self.accepted)
-            self._pose_state = self._pose_opt.init(self.params)
-            self._colour_state = self._colour_opt.init(self.params)
+            self.restart_optimiser()
             m.rejected += 1
         m.history.append((m.steps, m.loss, m.holdout_l1))
         return ok
@@ -542,7 +596,12 @@ class CalibrationSession:
             warm = cfg.warmup_colour_steps if li == 0 else cfg.colour_steps * 3
             if warm:
                 self.cycle(li, colour_steps=warm)
-            for _ in range(cfg.cycles_per_level[li]):
+            n = cfg.cycles_per_level[li]
+            for k in range(n):
+                # cosine decay of the pose step size over the level: big moves first, then
+                # settle below the Adam noise floor of the start rate
+                f = cfg.lr_final_fraction
+                self.lr_scale = f + (1 - f) * 0.5 * (1 + math.cos(math.pi * k / max(n - 1, 1)))
                 self.cycle(li)
                 m.steps_per_s = m.steps / max(time.monotonic() - t0, 1e-9)
                 if callback is not None:
@@ -552,6 +611,7 @@ class CalibrationSession:
             self.try_accept()           # this level's estimate, judged on held-out frames
             if out_of_time():
                 break
+        self.lr_scale = 1.0
         self.params = dict(self.accepted)
         return m
 
@@ -591,7 +651,8 @@ class CalibrationSession:
     def _do(self, fn, pose: bool) -> None:
         idx = self._sample()
         params, ps, cs, loss, finite = fn(self.params, self._pose_state, self._colour_state,
-                                          self.bufs, idx, self.nominal, jnp.asarray(pose))
+                                          self.bufs, idx, self.nominal, jnp.asarray(pose),
+                                          jnp.float32(self.lr_scale))
         self.metrics.steps += 1
         if not bool(finite):
             self.metrics.rollbacks += 1
@@ -725,97 +786,66 @@ __all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "render_ba
 
 
 # ----------------------------------------------------------------------------- known scene
-def _geom_mesh(model, gid: int):
-    """Triangle mesh of geom `gid` in its geom frame (trimesh), or None if not renderable."""
+def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: float = 1.5,
+                  opacity: float = 0.95, static_density: float = 0.25,
+                  floor_density: float = 0.03, spacing_scale: float = 0.6) -> RigGaussians:
+    """Surfel Gaussians on every visible geom of `model` (body frames), for calibration.
+
+    Geometry comes from `render.splatmesh.parts_from_mujoco` (meshes as they are,
+    primitives tessellated). Gaussians are spread uniformly over each body class's surface
+    with relative densities: moving bodies 1 (the links carry the joint-offset signal),
+    other static bodies `static_density`, the world body (floor) `floor_density`; the
+    n_gaussians budget is shared accordingly. Static faces that point down (nz < -0.1 at
+    the model's rest pose) are skipped: every camera of the rig is above the table.
+    Planes are clipped to +-max_extent_m. Each Gaussian is a surfel (normal scale float32
+    eps) with in-plane std `spacing_scale` x the local sample spacing, colour from the
+    geom/material RGBA (textures are learned by the colour steps).
+    """
     import mujoco
     import trimesh
 
-    t = model.geom_type[gid]
-    s = model.geom_size[gid]
-    G = mujoco.mjtGeom
-    if t == G.mjGEOM_MESH:
-        mid = model.geom_dataid[gid]
-        v0, nv = model.mesh_vertadr[mid], model.mesh_vertnum[mid]
-        f0, nf = model.mesh_faceadr[mid], model.mesh_facenum[mid]
-        return trimesh.Trimesh(model.mesh_vert[v0:v0 + nv].copy(),
-                               model.mesh_face[f0:f0 + nf].copy(), process=False)
-    if t == G.mjGEOM_BOX:
-        return trimesh.creation.box(extents=2 * s)
-    if t == G.mjGEOM_SPHERE:
-        return trimesh.creation.icosphere(subdivisions=2, radius=s[0])
-    if t == G.mjGEOM_ELLIPSOID:
-        m = trimesh.creation.icosphere(subdivisions=2, radius=1.0)
-        m.apply_scale(s)
-        return m
-    if t == G.mjGEOM_CAPSULE:
-        return trimesh.creation.capsule(height=2 * s[1], radius=s[0], count=[12, 12])
-    if t == G.mjGEOM_CYLINDER:
-        return trimesh.creation.cylinder(radius=s[0], height=2 * s[1], sections=16)
-    if t == G.mjGEOM_PLANE:
-        hx = s[0] if s[0] > 0 else 2.0
-        hy = s[1] if s[1] > 0 else 2.0
-        v = np.array([[-hx, -hy, 0], [hx, -hy, 0], [hx, hy, 0], [-hx, hy, 0]], float)
-        return trimesh.Trimesh(v, np.array([[0, 1, 2], [0, 2, 3]]), process=False)
-    return None
-
-
-def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0,
-                  max_extent_m: float = 1.5, opacity: float = 0.95) -> RigGaussians:
-    """Surfel Gaussians on every visible geom of `model`, placed by area (body frames).
-
-    Each Gaussian sits on a face with its normal scale at float32 eps (surfel), in-plane
-    scale from the sampling density, colour from the geom/material RGBA (textures are
-    learned by the colour steps). Geoms far from the origin (> max_extent_m) are clipped
-    to that box so an infinite floor does not eat the budget.
-    """
-    import mujoco
+    from realsim_core.render.splatmesh import parts_from_mujoco
 
     rng = np.random.default_rng(seed)
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
     parts = []
-    for gid in range(model.ngeom):
-        rgba = model.geom_rgba[gid].copy()
-        if model.geom_matid[gid] >= 0:
-            rgba = model.mat_rgba[model.geom_matid[gid]].copy()
-        if rgba[3] <= 0.01 or model.geom_group[gid] > 2:
+    for part in parts_from_mujoco(model, plane_extent=max_extent_m,
+                                  max_plane_extent=max_extent_m):
+        mesh = trimesh.Trimesh(part.vertices, part.faces, process=False)
+        static = int(model.body_weldid[part.body]) == 0
+        if static:   # drop faces that point down in the world
+            R = data.xmat[part.body].reshape(3, 3) @ part.local_pose[:3, :3]
+            keep = (mesh.face_normals @ R.T)[:, 2] >= -0.1
+            if not keep.any():
+                continue
+            mesh = trimesh.Trimesh(mesh.vertices, mesh.faces[keep], process=False)
+        if mesh.area <= 0:
             continue
-        mesh = _geom_mesh(model, gid)
-        if mesh is None or mesh.area <= 0:
-            continue
-        if model.geom_type[gid] == mujoco.mjtGeom.mjGEOM_PLANE:
-            mesh.vertices = np.clip(mesh.vertices, -max_extent_m, max_extent_m)
-        parts.append((gid, mesh, rgba))
+        density = 1.0 if not static else (floor_density if part.body == 0 else static_density)
+        parts.append((part, mesh, density))
     if not parts:
         raise RealsimError("the model has no visible geoms to calibrate against")
-    areas = np.array([m.area for _, m, _ in parts])
-    # sqrt(area): large static surfaces (floor, table) would otherwise take nearly the whole
-    # budget and leave the links, which carry the joint-offset signal, a handful each
-    weight = np.sqrt(areas)
-    counts = np.maximum(16, np.round(n_gaussians * weight / weight.sum())).astype(int)
+    weighted = np.array([m.area * d for _, m, d in parts])
+    counts = np.maximum(4, np.round(n_gaussians * weighted / weighted.sum())).astype(int)
     bodies, means, quats, scales, colors = [], [], [], [], []
-    for (gid, mesh, rgba), n in zip(parts, counts):
-        pts, fidx = mesh.sample(int(n), return_index=True, seed=int(rng.integers(1 << 31)))
-        normals = mesh.face_normals[fidx]
-        # geom frame -> body frame
-        R = np.zeros(9)
-        mujoco.mju_quat2Mat(R, model.geom_quat[gid])
-        R = R.reshape(3, 3)
-        p_body = pts @ R.T + model.geom_pos[gid]
-        n_body = normals @ R.T
-        # surfel frame: z along the normal
-        zaxis = n_body / np.linalg.norm(n_body, axis=1, keepdims=True)
+    for (part, mesh, _), n in zip(parts, counts):
+        pts, fidx = trimesh.sample.sample_surface(mesh, int(n), seed=int(rng.integers(1 << 31)))
+        T = part.local_pose
+        p_body = pts @ T[:3, :3].T + T[:3, 3]
+        zaxis = mesh.face_normals[fidx] @ T[:3, :3].T          # surfel z along the normal
+        zaxis /= np.linalg.norm(zaxis, axis=1, keepdims=True)
         ref = np.where(np.abs(zaxis[:, :1]) < 0.9, [[1.0, 0, 0]], [[0, 1.0, 0]])
         xaxis = np.cross(ref, zaxis)
         xaxis /= np.linalg.norm(xaxis, axis=1, keepdims=True)
-        yaxis = np.cross(zaxis, xaxis)
-        Rs = np.stack([xaxis, yaxis, zaxis], -1)
-        q = np.stack([matrix_to_quat_xyzw(r) for r in Rs])
-        s_plane = 0.7 * np.sqrt(mesh.area / n)
-        sc = np.tile([s_plane, s_plane, float(np.finfo(np.float32).eps)], (len(pts), 1))
-        bodies.append(np.full(len(pts), model.geom_bodyid[gid], np.int32))
+        Rs = np.stack([xaxis, np.cross(zaxis, xaxis), zaxis], -1)
+        s_plane = spacing_scale * np.sqrt(mesh.area / n)
+        bodies.append(np.full(len(pts), part.body, np.int32))
         means.append(p_body)
-        quats.append(q)
-        scales.append(sc)
-        colors.append(np.tile(rgba[:3], (len(pts), 1)))
+        quats.append(np.stack([matrix_to_quat_xyzw(r) for r in Rs]))
+        scales.append(np.tile([s_plane, s_plane, float(np.finfo(np.float32).eps)],
+                              (len(pts), 1)))
+        colors.append(np.tile(part.rgb[:3], (len(pts), 1)))
     cat = np.concatenate
     n_all = sum(len(b) for b in bodies)
     return RigGaussians(

@@ -91,7 +91,6 @@ class SessionEstimator:
         self._others = 0
         self._steps = 0
         self._rejected_in_row = 0
-        self._residual_fn = None
         self._recent_stamps: deque[int] = deque(maxlen=max(1, self._drift_args["patience"]))
         self.detector = DriftDetector(**self._drift_args)
         self.residuals: dict[str, float] = {}
@@ -183,29 +182,7 @@ class SessionEstimator:
         images: {camera: uint8 [H, W, 3]} at the session's full resolution; q: [J] rad.
         Cameras not in `images` are left out.
         """
-        import jax.numpy as jnp
-
-        from realsim_core import losses
-
-        s = self.session
-        level = len(self.cfg.levels) - 1
-        factor = self.cfg.levels[level]
-        if self._residual_fn is None:
-            self._residual_fn = _residual_fn(s, level)
-        targets, valid = [], []
-        for c, it in zip(s.cameras, s.static.intrinsics[level]):
-            img = images.get(c)
-            if img is None or img.shape[:2] != (s.full_intrinsics[c].height,
-                                                s.full_intrinsics[c].width):
-                targets.append(jnp.zeros((it.height, it.width, 3), jnp.float32))
-                valid.append(False)
-                continue
-            x = losses.downsample(jnp.asarray(img, jnp.float32) / 255.0, factor)
-            targets.append(x[:it.height, :it.width])
-            valid.append(True)
-        res = np.asarray(self._residual_fn(s.accepted if params is None else params,
-                                           jnp.asarray(q, jnp.float32), tuple(targets)))
-        return {c: float(r) for c, r, v in zip(s.cameras, res, valid) if v}
+        return self.session.camera_residuals(images, q, params)
 
     def _check_drift(self, images, q, stamp_ns: int) -> None:
         self._recent_stamps.append(int(stamp_ns))
@@ -225,19 +202,11 @@ class SessionEstimator:
 
     def _reopen(self, camera: str, since_ns: int) -> int:
         """Mask `camera`'s images older than `since_ns`, reset the optimiser; returns count."""
-        import jax.numpy as jnp
-
         s = self.session
-        ci = s.cameras.index(camera)
-        valid = np.asarray(s.bufs.valid).copy()
-        old = [i for i, st in enumerate(s.stamps) if st < since_ns and valid[i, ci] > 0]
-        valid[old, ci] = 0.0
-        s.bufs = s.bufs._replace(valid=jnp.asarray(valid))
-        # restart the optimiser from the accepted estimate (set_start resets Adam moments)
-        s.params = dict(s.accepted)
-        s.set_start(s.joint_offsets(), {n: T for n, (_, T) in s.camera_poses().items()})
+        masked = s.mask_camera(camera, since_ns)
+        s.restart_optimiser()
         self._dirty = True
-        return len(old)
+        return masked
 
     # ------------------------------------------------------------------ internals
     def _build(self, intrinsics: dict[str, CameraIntrinsics]) -> None:
@@ -252,24 +221,6 @@ class SessionEstimator:
         s.set_start(dict(self._start.joint_offsets),
                     {n: c.pose for n, c in self._start.cameras.items()})
         self.session = s
-
-
-def _residual_fn(session: CalibrationSession, level: int):
-    """jit: (params, q [J], targets tuple of [H, W, 3]) -> [C] mean L1 per camera."""
-    import jax
-    import jax.numpy as jnp
-
-    from realsim_core.calibration import render_batch
-
-    static = session.static
-    J = len(static.km.joint_names)
-
-    @jax.jit
-    def fn(params, q, targets):
-        renders = render_batch(static, params, q[None], jnp.zeros((1, J), jnp.float32), level)
-        return jnp.stack([jnp.mean(jnp.abs(r[0] - t)) for r, t in zip(renders, targets)])
-
-    return fn
 
 
 def _config_from(options: dict) -> CalibrationConfig:

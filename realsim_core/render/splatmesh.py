@@ -240,12 +240,14 @@ def primitive_mesh(geom_type: int, size, plane_extent: float = 1.0, plane_cells:
     return np.asarray(m.vertices), np.asarray(m.faces)
 
 
-def parts_from_mujoco(mj_model, groups=(0, 1, 2), plane_extent: float = 1.0) -> list[MeshPart]:
+def parts_from_mujoco(mj_model, groups=(0, 1, 2), plane_extent: float = 1.0,
+                      max_plane_extent: float | None = None) -> list[MeshPart]:
     """One MeshPart per visual geom of a compiled `mujoco.MjModel`.
 
     Visual = rgba alpha > 0 and geom group in `groups` (MuJoCo's default visible groups).
     Mesh geoms use model.mesh_vert / mesh_face (already in the geom frame); primitives are
-    tessellated with trimesh. Each part records its body id and T_body_geom.
+    tessellated with trimesh. Each part records its body id and T_body_geom. Infinite
+    planes get half-size `plane_extent`; `max_plane_extent` also clips finite ones.
     """
     import mujoco
 
@@ -263,7 +265,11 @@ def parts_from_mujoco(mj_model, groups=(0, 1, 2), plane_extent: float = 1.0) -> 
         elif gtype in (mujoco.mjtGeom.mjGEOM_HFIELD, mujoco.mjtGeom.mjGEOM_SDF):
             continue
         else:
-            v, f = primitive_mesh(gtype, mj_model.geom_size[gid], plane_extent)
+            size = np.array(mj_model.geom_size[gid], np.float64)
+            if gtype == mujoco.mjtGeom.mjGEOM_PLANE and max_plane_extent is not None:
+                size[:2] = np.where(size[:2] > 0, np.minimum(size[:2], max_plane_extent),
+                                    min(plane_extent, max_plane_extent))
+            v, f = primitive_mesh(gtype, size, plane_extent)
         name = mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_GEOM, gid) or f"geom{gid}"
         rgb = np.asarray(mj_model.geom_rgba[gid, :3], np.float64)
         matid = int(mj_model.geom_matid[gid])
