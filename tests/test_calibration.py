@@ -178,3 +178,30 @@ def test_online_estimator_improves_and_only_publishes_accepted(setup):
     assert err(pose) < 0.7 * err(start_pose), (err(start_pose), err(pose))
     m = est.metrics()
     assert m["accepted"] >= 1 and m["holdout_l1"] <= m["holdout_l1_start"]
+
+
+def test_rig_gaussians_density_by_body_class(setup):
+    """Links get the densest cover, the floor the sparsest; down-facing static faces none."""
+    import mujoco
+
+    rig, session, _ = setup
+    model = load_mjmodel(rig)
+    g = C.rig_gaussians(model, 6000, seed=1)
+    assert abs(len(g.body) - 6000) < 0.02 * 6000
+    moving = model.body_weldid[g.body] != 0
+    spacing = g.scales[:, 0] / 0.6                      # in-plane std = 0.6 x spacing
+    link, table, floor = (spacing[moving], spacing[~moving & (g.body != 0)],
+                          spacing[g.body == 0])
+    # density ratios 1 : 0.25 : 0.03 -> spacing ratios 1 : 2 : 5.8
+    assert np.median(table) == pytest.approx(2.0 * np.median(link), rel=0.25)
+    assert np.median(floor) == pytest.approx(np.sqrt(1 / 0.03) * np.median(link), rel=0.25)
+    assert np.all(g.scales[:, 2] < 1e-6)                # surfels
+    # every static surfel faces up or sideways in the world (cameras are above the table)
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
+    from realsim_core.se3 import quat_xyzw_to_matrix
+    normals = np.asarray(quat_xyzw_to_matrix(jnp.asarray(g.quats)))[:, :, 2]
+    R = data.xmat[g.body].reshape(-1, 3, 3)
+    nz = np.einsum("nij,nj->ni", R, normals)[:, 2]
+    assert np.all(nz[~moving] >= -0.1 - 1e-5)
+    assert np.any(nz[moving] < -0.5)                     # links keep their undersides
