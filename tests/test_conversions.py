@@ -84,6 +84,129 @@ def test_transforms_round_trip(nominal):
         np.testing.assert_allclose(conv.transform_to_pose(t), cam.pose, atol=1e-12)
 
 
+# OBJ files store 8 decimals (trimesh's export default): 1e-7 m covers the rounding of
+# the box's vertices; everything after reading is float64 arithmetic on those values.
+OBJ_ROUNDING_M = 1e-7
+POSE_ATOL_M = 1e-12  # float64 transform vs float64 reference: rounding only
+
+
+def _test_pose(angle: float, axis, t) -> np.ndarray:
+    """[4, 4] T_world_object: rotation by `angle` (rad) about `axis`, then translation t (m)."""
+    import trimesh
+
+    pose = trimesh.transformations.rotation_matrix(angle, axis)
+    pose[:3, 3] = t
+    return pose
+
+
+def _reference_triangles(vertices, faces, pose) -> np.ndarray:
+    """Slow readable float64 reference: each face's corners moved by pose, [F * 3, 3] m."""
+    out = []
+    for face in faces:
+        for i in face:
+            p = np.array([*vertices[i], 1.0], dtype=np.float64)
+            out.append((np.asarray(pose, np.float64) @ p)[:3])
+    return np.array(out)
+
+
+def _box_obj(tmp_path, name="box.obj", extents=(0.04, 0.06, 0.1)):
+    import trimesh
+
+    box = trimesh.creation.box(extents=extents)
+    path = tmp_path / name
+    box.export(path)
+    return box, path
+
+
+@needs_ros
+def test_mesh_msg_matches_arrays_and_refuses_bad_meshes(tmp_path):
+    from realsim_ros import conversions as conv
+    from shape_msgs.msg import Mesh
+
+    from realsim_core.errors import RealsimError
+
+    box, path = _box_obj(tmp_path)
+    v, f = conv.load_mesh(path)  # as stored: no merging or reordering
+    assert v.dtype == np.float64 and f.dtype == np.int64
+    np.testing.assert_allclose(v, box.vertices, atol=OBJ_ROUNDING_M)
+    np.testing.assert_array_equal(f, box.faces)
+
+    msg = conv.mesh_msg(v, f)
+    assert isinstance(msg, Mesh)
+    assert len(msg.triangles) == 12 and len(msg.vertices) == 8
+    np.testing.assert_array_equal([list(t.vertex_indices) for t in msg.triangles], f)
+    np.testing.assert_array_equal([[p.x, p.y, p.z] for p in msg.vertices], v)
+
+    with pytest.raises(RealsimError, match="outside"):
+        conv.mesh_msg(v, np.array([[0, 1, 8]]))
+    with pytest.raises(RealsimError, match="not finite"):
+        conv.mesh_msg(np.full((3, 3), np.nan), np.array([[0, 1, 2]]))
+    with pytest.raises(RealsimError, match="not found"):
+        conv.load_mesh(tmp_path / "missing.obj")
+    bad = tmp_path / "bad.stl"
+    bad.write_bytes(b"\x00garbage")
+    with pytest.raises(RealsimError, match="bad.stl"):
+        conv.load_mesh(bad)
+
+
+@needs_ros
+def test_object_markers_match_float64_reference(tmp_path):
+    from realsim_ros import conversions as conv
+    from visualization_msgs.msg import Marker
+
+    from realsim_core.calibration_io import ObjectCalibration
+
+    box, box_path = _box_obj(tmp_path)
+    tall, tall_path = _box_obj(tmp_path, "tall.obj", extents=(0.02, 0.02, 0.3))
+    objects = [
+        ObjectCalibration("mug", box_path, _test_pose(0.7, [0.3, -0.2, 0.9], [0.1, -0.2, 0.05])),
+        ObjectCalibration("bottle", tall_path, _test_pose(-2.1, [1, 0, 0], [0.4, 0.3, 0.15])),
+    ]
+    stamp = conv.ns_to_stamp(42_000_000_123)
+    arr = conv.object_markers(objects, "world", stamp)
+    clear, *markers = arr.markers
+    assert clear.action == Marker.DELETEALL  # the array is the whole set
+    assert len(markers) == 2
+    for m, obj, mesh in zip(markers, objects, (box, tall)):
+        assert (m.type, m.action) == (Marker.TRIANGLE_LIST, Marker.ADD)
+        assert m.header.frame_id == "world" and conv.stamp_to_ns(m.header.stamp) == 42_000_000_123
+        assert (m.pose.orientation.w, m.scale.x, m.scale.y, m.scale.z) == (1.0, 1.0, 1.0, 1.0)
+        assert m.color.a == 1.0
+        assert len(m.points) == 3 * len(mesh.faces) == 36
+        got = np.array([[p.x, p.y, p.z] for p in m.points])
+        v, f = conv.load_mesh(obj.mesh)
+        np.testing.assert_allclose(got, _reference_triangles(v, f, obj.pose), atol=POSE_ATOL_M)
+        # and the stored box itself, moved by the pose, up to the OBJ file's rounding
+        np.testing.assert_allclose(got, _reference_triangles(mesh.vertices, mesh.faces,
+                                                             obj.pose), atol=OBJ_ROUNDING_M)
+
+    # namespace, id and colour follow the name: stable across calls and object order
+    again = conv.object_markers(objects[::-1], "world", stamp).markers[1:]
+    ids = {(m.ns, m.id) for m in markers}
+    assert ids == {(m.ns, m.id) for m in again} and len(ids) == 2
+    assert (markers[0].ns, markers[0].id) == conv.object_marker_id("mug")
+    assert markers[0].color == again[1].color
+    assert all(0 <= m.id < 2**31 for m in markers)
+
+    # preloaded meshes (the node's cache) give the same markers; an empty set only clears
+    meshes = {o.name: conv.load_mesh(o.mesh) for o in objects}
+    pre = conv.object_markers(objects, "world", stamp, meshes).markers[1:]
+    assert [m.points for m in pre] == [m.points for m in markers]
+    (only,) = conv.object_markers([], "world", stamp).markers
+    assert only.action == Marker.DELETEALL
+
+
+@needs_ros
+def test_mesh_topic_names_are_valid():
+    from rclpy.validate_full_topic_name import validate_full_topic_name
+    from realsim_ros.calibration_node import CalibrationNode
+
+    assert CalibrationNode.mesh_topic("object_0") == "~/objects/object_0/mesh"
+    for name in ("object_0", "red mug", "0", "a-b/c", "__x__", ""):
+        topic = CalibrationNode.mesh_topic(name)
+        validate_full_topic_name(topic.replace("~", "/realsim", 1))  # raises if invalid
+
+
 # ------------------------------------------------------------------------ online loop
 
 

@@ -7,7 +7,9 @@ keyframes and steps the estimator (the engine, or `NominalEstimator` until it ex
 
 Outputs (contracts.md): `/tf_static` (mount -> optical frame, transient local),
 `~/joint_offsets`, `~/<arm>/joint_states` (measured + offsets, same stamps, at input
-rate), `/diagnostics`; services `~/save`, `~/reset` (Trigger), `~/freeze` (SetBool).
+rate), `~/objects` (MarkerArray, world frame) and `~/objects/<name>/mesh` (Mesh, object
+frame), both transient local: the objects of the calibration served (the node does not
+reconstruct objects), `/diagnostics`; services `~/save`, `~/reset` (Trigger), `~/freeze` (SetBool).
 It resumes from `<output_dir>/calibration.yaml` and saves there on shutdown when the
 estimate changed.
 """
@@ -16,11 +18,14 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import rclpy
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -37,8 +42,10 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image, JointState
+from shape_msgs.msg import Mesh
 from std_srvs.srv import SetBool, Trigger
 from tf2_msgs.msg import TFMessage
+from visualization_msgs.msg import MarkerArray
 
 from realsim_core.errors import RealsimError
 from realsim_core.online import (
@@ -238,6 +245,12 @@ class CalibrationNode(Node):
         latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                              reliability=ReliabilityPolicy.RELIABLE)
         self._tf_pub = self.create_publisher(TFMessage, "/tf_static", latched)
+        self._latched = latched
+        self._objects_pub = self.create_publisher(MarkerArray, "~/objects", latched)
+        self._mesh_pubs: dict[str, object] = {}  # object name -> ~/objects/<name>/mesh
+        self._meshes: dict[tuple, tuple | None] = {}  # _mesh_key -> (V, F, Mesh) or None
+        self._markers_key = None  # objects of the cached MarkerArray
+        self._markers = None
         self._offsets_pub = self.create_publisher(JointState, "~/joint_offsets", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_service(Trigger, "~/save", self._srv_save)
@@ -577,10 +590,88 @@ class CalibrationNode(Node):
         cal = self.calibrator.current
         version = self.calibrator.version
         stamp = self.get_clock().now().to_msg()
-        if version != self._tf_version:
+        changed = version != self._tf_version
+        if changed:
             self._tf_pub.publish(TFMessage(transforms=conv.calibration_to_transforms(cal, stamp)))
             self._tf_version = version
         self._offsets_pub.publish(conv.offsets_to_joint_state(cal.joint_offsets, stamp))
+        if changed:
+            try:
+                self._publish_objects(cal.objects, stamp)
+            except Exception as exc:  # objects are extra: never stop TF/offsets for them
+                self._warn("objects/error", f"objects not published: "
+                           f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _mesh_key(path) -> tuple:
+        """(path, mtime, size): a rewritten file is read again, an unchanged one is not."""
+        try:
+            st = os.stat(path)
+            return str(path), st.st_mtime_ns, st.st_size
+        except OSError:
+            return str(path), None, None
+
+    def _mesh(self, obj, key: tuple):
+        """(vertices, faces, Mesh msg) of `obj`, or None (warned once per file version)."""
+        if key not in self._meshes:
+            try:
+                v, f = conv.load_mesh(obj.mesh)
+                self._meshes[key] = (v, f, conv.mesh_msg(v, f))
+            except RealsimError as exc:
+                self._meshes[key] = None
+                self.get_logger().warning(
+                    f"object {obj.name}: {exc}; not published on ~/objects (the other "
+                    "objects and outputs are)")
+        return self._meshes[key]
+
+    @staticmethod
+    def mesh_topic(name: str) -> str:
+        """`~/objects/<name>/mesh`, the name made a valid topic token (a-z, 0-9, _)."""
+        token = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", name)).strip("_") or "object"
+        if token[0].isdigit():
+            token = f"object_{token}"
+        return f"~/objects/{token}/mesh"
+
+    def _publish_objects(self, objects, stamp) -> None:
+        """~/objects (all objects, world frame) and ~/objects/<name>/mesh (object frame).
+
+        Called whenever the published calibration changes; meshes and markers are built
+        again only when the objects (names, files, poses) changed.
+        """
+        keys, shown, seen = {}, [], set()
+        for obj in objects:
+            if obj.name in seen:
+                self._warn(f"objects/{obj.name}/duplicate",
+                           f"object name {obj.name!r} appears twice; the second is ignored")
+                continue
+            seen.add(obj.name)
+            key = self._mesh_key(obj.mesh)
+            if self._mesh(obj, key) is not None:
+                keys[obj.name] = key
+                shown.append(obj)
+        self._meshes = {k: self._meshes[k] for k in {self._mesh_key(o.mesh) for o in objects}
+                        if k in self._meshes}  # forget files no longer used
+        markers_key = tuple((o.name, keys[o.name], np.asarray(o.pose).tobytes())
+                            for o in shown)
+        if markers_key != self._markers_key:
+            meshes = {o.name: self._meshes[keys[o.name]][:2] for o in shown}
+            self._markers = conv.object_markers(shown, self.rig.world_frame, stamp, meshes)
+            self._markers_key = markers_key
+        for m in self._markers.markers:
+            m.header.stamp = stamp
+        self._objects_pub.publish(self._markers)
+
+        for name in [n for n in self._mesh_pubs if n not in keys]:  # objects gone
+            self.destroy_publisher(self._mesh_pubs.pop(name))
+        for obj in shown:
+            pub = self._mesh_pubs.get(obj.name)
+            if pub is None:
+                topic = self.mesh_topic(obj.name)
+                pub = self._mesh_pubs[obj.name] = self.create_publisher(
+                    Mesh, topic, self._latched)
+                if topic != f"~/objects/{obj.name}/mesh":
+                    self.get_logger().info(f"object {obj.name!r}: mesh on {topic}")
+            pub.publish(self._meshes[keys[obj.name]][2])
 
     def state(self) -> str:
         """What /diagnostics says the calibration is doing."""
