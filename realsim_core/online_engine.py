@@ -8,7 +8,9 @@ training slots; one in `holdout_every` other frames becomes a held-out frame. Ea
 `accept_every` steps, accepts the estimate only if the held-out L1 did not get worse
 (never publishes a worse calibration). The held-out set grows while frames arrive, so
 the accepted estimate (and the nominal start) are re-scored on the current held-out set
-before each comparison.
+before each comparison. Each rejected test halves the pose step size (reduce on plateau,
+down to `lr_final_fraction` of the configured rates), so the estimate settles instead of
+jittering at Adam's constant step; a drift re-open restores full steps.
 
 Drift: once the session runs, every new frame is scored per camera under the accepted
 estimate (mean L1 at the finest level) and fed to a `DriftDetector`. When a camera's
@@ -139,6 +141,8 @@ class SessionEstimator:
         self._rescore()
         ok = s.try_accept()
         self._rejected_in_row = 0 if ok else self._rejected_in_row + 1
+        if not ok:  # reduce on plateau: halve the pose step, down to the offline floor
+            s.lr_scale = max(self.cfg.lr_final_fraction, 0.5 * s.lr_scale)
         if self._rejected_in_row >= self.converged_after:
             self.state = "converged"
         return ok
@@ -205,6 +209,7 @@ class SessionEstimator:
         s = self.session
         masked = s.mask_camera(camera, since_ns)
         s.restart_optimiser()
+        s.lr_scale = 1.0  # the camera may have moved far: full pose steps again
         self._dirty = True
         return masked
 

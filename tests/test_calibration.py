@@ -178,6 +178,9 @@ def test_online_estimator_improves_and_only_publishes_accepted(setup):
     assert err(pose) < 0.7 * err(start_pose), (err(start_pose), err(pose))
     m = est.metrics()
     assert m["accepted"] >= 1 and m["holdout_l1"] <= m["holdout_l1_start"]
+    # reduce on plateau: every rejected acceptance test halved the pose step size
+    assert est.session.lr_scale == pytest.approx(
+        max(cfg.lr_final_fraction, 0.5 ** m["rejected"]))
 
 
 def test_rig_gaussians_density_by_body_class(setup):

@@ -160,6 +160,7 @@ def test_engine_flags_a_bumped_camera_and_reopens_it():
         assert valid[slot, cams.index("cam_high")] == 1.0
         assert valid[slot, cams.index("cam_low")] == (1.0 if stamp >= event["stamp_ns"] else 0.0)
     assert "re-opened cam_low" in est.state
+    assert s.lr_scale == 1.0  # full pose steps again for the re-opened camera
     assert est.metrics()["drift_events"] == 1.0
 
 
