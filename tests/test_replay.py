@@ -66,11 +66,18 @@ def test_replayed_bag_reaches_the_node(tmp_path):
         def values():
             return {kv.key: kv.value for kv in diags[-1].status[0].values}
 
-        def all_counted():
-            v = values()
-            return all(v.get(f"received/{c}/image") == str(N_FRAMES) for c in CAMERAS)
+        expected = {**{f"received/{c}/{k}": N_FRAMES for c in CAMERAS
+                       for k in ("image", "camera_info")},
+                    **{f"received/{a}/joint_states": N_JOINT_STATES
+                       for a in ("follower_left", "follower_right")}}
 
-        spin_until(probe, all_counted, 5.0)
+        def all_counted():
+            # the node may still be working through its queue when the replay exits:
+            # wait for a /diagnostics message that counts every stream
+            v = values()
+            return all(v.get(k) == str(n) for k, n in expected.items())
+
+        spin_until(probe, all_counted, 15.0)
         v = values()
         # replay waited until every topic was matched, so nothing may be missing
         for cam in CAMERAS:
