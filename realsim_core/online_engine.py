@@ -24,6 +24,7 @@ frames put it.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections import deque
@@ -42,24 +43,17 @@ from realsim_core.types import CameraIntrinsics
 #: the default engine config of the node: one pyramid level (half resolution)
 DEFAULT_CONFIG = CalibrationConfig(levels=(2,), warmup_colour_steps=40)
 
-#: estimator options besides CalibrationConfig's fields -> default
-OPTIONS = {
-    "max_frames": 24,            # session buffer slots (training + held out)
-    "min_frames": 4,             # training frames before optimising
-    "n_gaussians": 8000,         # surfels on the rig
-    "accept_every": 5,           # cycles between acceptance tests
-    "holdout_every": 5,          # one in N non-keyframes is held out
-    "converged_after": 3,        # rejected acceptance tests in a row -> state "converged"
-    "drift": True,               # score new frames per camera and re-open bumped cameras
-    "drift_ratio": 1.3,          # DriftDetector thresholds (see realsim_core.online)
-    "drift_min_excess": 0.005,
-    "drift_patience": 3,
-    "drift_window": 8,
-}
-
-
 class SessionEstimator:
-    """`Estimator` backed by a `CalibrationSession` (built once intrinsics are known)."""
+    """`Estimator` backed by a `CalibrationSession` (built once intrinsics are known).
+
+    Options (the keyword arguments after `config`; `OPTIONS` lists them with defaults):
+    max_frames: session buffer slots (training + held out); min_frames: training frames
+    before optimising; n_gaussians: surfels on the rig; accept_every: cycles between
+    acceptance tests; holdout_every: one in N non-keyframes is held out; converged_after:
+    rejected acceptance tests in a row -> state "converged"; drift: score new frames per
+    camera and re-open bumped cameras; drift_ratio, drift_min_excess, drift_patience,
+    drift_window: `DriftDetector` thresholds (see realsim_core.online).
+    """
 
     is_calibration = True
 
@@ -226,6 +220,12 @@ class SessionEstimator:
         s.set_start(dict(self._start.joint_offsets),
                     {n: c.pose for n, c in self._start.cameras.items()})
         self.session = s
+
+
+#: estimator options besides CalibrationConfig's fields -> default (derived from the
+#: signature, so the factory and the class cannot disagree)
+OPTIONS = {n: p.default for n, p in inspect.signature(SessionEstimator).parameters.items()
+           if p.default is not inspect.Parameter.empty and n != "config"}
 
 
 def _config_from(options: dict) -> CalibrationConfig:
