@@ -62,10 +62,13 @@ class ObjectConfig:
     max_views: int = 32               # views kept per object (most informative first)
     subdivisions: int = 3             # icosphere: 3 -> 642 vertices, 1280 faces
     init_radius_m: float = 0.05       # icosphere radius
+    fit_to_masks: bool = False        # radius (and view crop) from the masks' extent instead
+    fit_margin: float = 1.15          # ... x the largest projected extent of the masks
     mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
     min_per_face: int = 1
     max_per_face: int = 8
     gauss_scale_init: float = 1.0     # x splatmesh's initial in-plane std (0.5 x spacing)
+    gauss_follow_scale: bool = False  # Gaussian scales x exp(global log-scale) (see docs)
     clamp_opacity: bool = True        # opacity 1 for every Gaussian (paper B.2.2)
     surfel: bool = True               # normal scale = float32 eps (False: learned)
     refine_cameras: bool = True
@@ -76,6 +79,7 @@ class ObjectConfig:
     soft_mask_px: float = 8.0         # EDT distance (virtual px) with weight 1
     w_normal: float = 0.0             # only used when views carry normals
     w_laplacian: float = 1.0          # per mm^2
+    laplacian_final: float = 1.0      # Laplacian weight at the last step, x w_laplacian
     w_edge: float = 0.1               # per mm^2
     w_camera_prior: float = 1e-3
     prior_camera_m: float = 0.005     # 1-sigma of the camera deltas
@@ -310,9 +314,37 @@ def _select_views(views: list[View], max_views: int) -> list[View]:
     return out
 
 
-def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig):
-    """Virtual views of one object around `centre` -> (_Static fields dict, vintr)."""
+def mask_extent_radius(views: list[View], centre: np.ndarray) -> float:
+    """Largest distance (m) of a mask pixel from the projected `centre`, over the views.
+
+    Each view gives the object's extent perpendicular to its ray (pixels x depth / f); the
+    maximum over views approximates the radius of the object's bounding sphere at centre.
+    """
+    r = 0.0
+    for v in views:
+        p = v.T_world_cam[:3, :3].T @ (centre - v.T_world_cam[:3, 3])
+        if p[2] <= 1e-6:
+            continue
+        u0 = v.intrinsics.fx * p[0] / p[2] + v.intrinsics.cx
+        w0 = v.intrinsics.fy * p[1] / p[2] + v.intrinsics.cy
+        ws, us = np.nonzero(v.mask)
+        if len(us) == 0:
+            continue
+        px = float(np.sqrt(np.max((us - u0) ** 2 + (ws - w0) ** 2))) + 0.5
+        r = max(r, px * float(np.linalg.norm(p)) / v.intrinsics.fx)
+    return r
+
+
+def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
+                  radius: float | None = None):
+    """Virtual views of one object around `centre` -> (_Static fields dict, vintr).
+
+    radius: the starting icosphere's radius (m; default cfg.init_radius_m); the virtual
+    focal length keeps a sphere of max(radius, 1.3 x the masks' equivalent radius) inside
+    90 % of every view.
+    """
     S = cfg.crop_px
+    radius = cfg.init_radius_m if radius is None else radius
     # object size from the masks: equivalent radius (px) * depth / f
     dists, radii = [], []
     for v in views:
@@ -321,7 +353,7 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig):
         area = float(np.count_nonzero(v.mask))
         radii.append(math.sqrt(area / math.pi) * dists[-1] / v.intrinsics.fx)
     r_obj = float(np.median(radii))
-    r_fit = max(cfg.init_radius_m, 1.3 * r_obj)
+    r_fit = max(radius, 1.3 * r_obj)
     f_native = min(v.intrinsics.fx for v in views)
     f = min(f_native, 0.9 * (S / 2) * min(dists) / r_fit)
     vintr = CameraIntrinsics(S, S, f, f, (S - 1) / 2.0, (S - 1) / 2.0)
@@ -363,8 +395,11 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
     from realsim_core.render.splatmesh import MeshPart, build_model
 
     centre = triangulate_mask_centroids(views)
-    fields, vintr = prepare_views(views, centre, cfg)
-    base, faces = icosphere(cfg.subdivisions, cfg.init_radius_m)
+    radius = cfg.init_radius_m
+    if cfg.fit_to_masks:
+        radius = cfg.fit_margin * mask_extent_radius(views, centre)
+    fields, vintr = prepare_views(views, centre, cfg, radius)
+    base, faces = icosphere(cfg.subdivisions, radius)
     obs = np.concatenate([np.asarray(v.image, np.float64)[np.asarray(v.mask, bool)]
                           for v in views])
     rgb = np.clip(np.median(obs, 0) / (255.0 if obs.max() > 1.5 else 1.0), 0.02, 0.98)
@@ -394,13 +429,22 @@ def object_vertices(static: _Static, params):
     return jnp.exp(params["log_scale"]) * base + params["deltas"]
 
 
-def object_gaussians(static: _Static, params, clamp_opacity: bool):
-    """World Gaussians (splatmesh.WorldGaussians) of the object's current mesh."""
+def object_gaussians(static: _Static, params, clamp_opacity: bool,
+                     follow_scale: bool = False):
+    """World Gaussians (splatmesh.WorldGaussians) of the object's current mesh.
+
+    follow_scale: the Gaussians' log-scales are relative to the icosphere's global
+    log-scale (they shrink and grow with the mesh instead of being relearned).
+    """
     from realsim_core.render.splatmesh import gaussians_in_world
 
     sp = {k: params[k] for k in ("bary_logits", "log_scales", "sh", "opacity_logits")}
     if "log_scale_normal" in params:
         sp["log_scale_normal"] = params["log_scale_normal"]
+    if follow_scale:
+        sp["log_scales"] = sp["log_scales"] + params["log_scale"]
+        if "log_scale_normal" in sp:
+            sp["log_scale_normal"] = sp["log_scale_normal"] + params["log_scale"]
     sp["vertices"] = object_vertices(static, params)
     T = jnp.eye(4, dtype=jnp.float32).at[:3, 3].set(params["translation"])
     return gaussians_in_world(static.model, sp, T[None], clamp_opacity=clamp_opacity)
@@ -419,7 +463,7 @@ def render_views(static: _Static, params, idx, cfg: ObjectConfig, intr=None):
     """Render views idx [B] -> (rgb [B, S, S, 3], alpha [B, S, S], normals [B, S, S, 3])."""
     from realsim_core.render import rasterize
 
-    g = object_gaussians(static, params, cfg.clamp_opacity)
+    g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale)
     poses = view_poses(static, params, idx)
     intr = static.intr if intr is None else intr
 
@@ -460,9 +504,19 @@ _WEIGHTS = {"photo": "w_photo", "mask": "w_mask", "smask": "w_smask", "normal": 
             "laplacian": "w_laplacian", "edge": "w_edge", "camera_prior": "w_camera_prior"}
 
 
-def total_loss(static: _Static, params, idx, cfg: ObjectConfig):
+def laplacian_weight(cfg: ObjectConfig, k):
+    """Laplacian weight at step k: cosine from w_laplacian to laplacian_final x it."""
+    t = jnp.clip(jnp.asarray(k, jnp.float32) / max(cfg.steps - 1, 1), 0.0, 1.0)
+    f = cfg.laplacian_final + (1.0 - cfg.laplacian_final) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))
+    return cfg.w_laplacian * f
+
+
+def total_loss(static: _Static, params, idx, cfg: ObjectConfig, k=0):
+    """Weighted sum of `loss_terms` at step k (the Laplacian weight follows its schedule)."""
     terms = loss_terms(static, params, idx, cfg)
-    return sum(getattr(cfg, _WEIGHTS[k]) * v for k, v in terms.items()), terms
+    w = {t: getattr(cfg, _WEIGHTS[t]) for t in terms}
+    w["laplacian"] = laplacian_weight(cfg, k)
+    return sum(w[t] * v for t, v in terms.items()), terms
 
 
 def make_optimizer(cfg: ObjectConfig, params) -> optax.GradientTransformation:
@@ -481,10 +535,13 @@ def make_optimizer(cfg: ObjectConfig, params) -> optax.GradientTransformation:
 
 
 def make_step(static: _Static, cfg: ObjectConfig, opt: optax.GradientTransformation):
-    """Pure jitted step: (params, opt_state, idx [B]) -> (params, opt_state, loss, terms)."""
-    def step(params, opt_state, idx):
+    """Pure jitted step: (params, opt_state, idx [B], k) -> (params, opt_state, loss, terms).
+
+    k: the step number (int32 scalar), for the Laplacian weight schedule.
+    """
+    def step(params, opt_state, idx, k):
         (loss, terms), grads = jax.value_and_grad(
-            lambda p: total_loss(static, p, idx, cfg), has_aux=True)(params)
+            lambda p: total_loss(static, p, idx, cfg, k), has_aux=True)(params)
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g))
                                     for g in jax.tree_util.tree_leaves(grads)]))
         updates, new_state = opt.update(grads, opt_state, params)
@@ -522,7 +579,7 @@ def reconstruct_object(views: list[View], cfg: ObjectConfig | None = None,
             order, pos = rng.permutation(n), 0
         idx = jnp.asarray(order[pos:pos + b], jnp.int32)
         pos += b
-        params, state, loss, terms = step(params, state, idx)
+        params, state, loss, terms = step(params, state, idx, jnp.asarray(k, jnp.int32))
         if k % 25 == 0 or k == cfg.steps - 1:
             history.append((k, float(loss)))
             if callback is not None:
@@ -535,7 +592,7 @@ def _result(static, params, cfg, name, init_world, history, seconds, n_views) ->
 
     verts = (np.asarray(object_vertices(static, params), np.float64)
              + np.asarray(params["translation"], np.float64))
-    g = object_gaussians(static, params, cfg.clamp_opacity)
+    g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale)
     faces = np.asarray(static.model.faces)
     col = np.clip(0.5 + SH_C0 * np.asarray(g.sh[:, 0], np.float64), 0.0, 1.0)
     gf = np.asarray(static.model.gauss_face)

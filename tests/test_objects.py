@@ -111,6 +111,33 @@ def test_boundary_edt_and_triangulation():
         O.triangulate_rays(o[:2] * 0, np.array([[1.0, 0, 0], [2.0, 0, 0]]))
 
 
+def test_mask_extent_radius_known_answer():
+    """Disk masks around the projected centre: radius (px + 0.5) x depth / f, max over views."""
+    from realsim_core.types import CameraIntrinsics
+
+    intr = CameraIntrinsics(100, 100, 100.0, 100.0, 49.5, 49.5)
+    vv, uu = np.mgrid[0:100, 0:100]
+    views = []
+    for depth, r_px in ((1.0, 20), (2.0, 5)):
+        T = np.eye(4)
+        T[2, 3] = 1.0 - depth  # camera on the z axis looking at (0, 0, 1)
+        disk = (uu - 49.5) ** 2 + (vv - 49.5) ** 2 <= r_px ** 2
+        views.append(O.View(np.zeros((100, 100, 3)), T, intr, 0, disk))
+    got = O.mask_extent_radius(views, np.array([0.0, 0.0, 1.0]))
+    # largest pixel distance on the 20 px disk of a half-integer centre is < 20 px
+    assert 0.195 <= got <= 0.206
+    assert O.mask_extent_radius(views[1:], np.array([0.0, 0.0, 1.0])) == pytest.approx(
+        2.0 * 5.5 / 100.0, abs=2.0 * 0.7 / 100.0)
+
+
+def test_laplacian_weight_schedule():
+    cfg = O.ObjectConfig(steps=11, w_laplacian=2.0, laplacian_final=0.25)
+    assert float(O.laplacian_weight(cfg, 0)) == pytest.approx(2.0)
+    assert float(O.laplacian_weight(cfg, 5)) == pytest.approx(2.0 * (0.25 + 0.75 * 0.5))
+    assert float(O.laplacian_weight(cfg, 10)) == pytest.approx(0.5)
+    assert float(O.laplacian_weight(cfg.replace(laplacian_final=1.0), 7)) == pytest.approx(2.0)
+
+
 # ------------------------------------------------------------------- known answer
 @pytest.fixture(scope="module")
 def sphere_views():
