@@ -61,6 +61,11 @@ class CalibrationConfig:
     lr_camera: float = 2e-3                      # m and rad (se(3) delta)
     lr_correction: float = 5e-4                  # per-frame joint corrections, rad
     lr_final_fraction: float = 0.1               # pose lr decays (cosine) to this per level
+    lr_warmup_steps: int = 8                     # pose lr ramps up over this many pose steps
+                                                 # after every optimiser (re)start
+    average_fraction: float = 0.5                # mean of the pose iterates of a level's
+                                                 # last cycles replaces the last iterate
+                                                 # if its held-out L1 is lower (0 = off)
     fixed_weight: float = 1.0                    # image weight of fixed cameras
     wrist_weight: float = 0.1                    # image weight of wrist cameras
     ssim_lambda: float = 0.2
@@ -249,6 +254,30 @@ def _prior(params, cfg: CalibrationConfig, nominal):
     return 0.5 * p
 
 
+_POSE_KEYS = ("joint_offsets", "fixed_deltas", "mounted_deltas", "corrections")
+
+
+class _PoseAverage:
+    """Running mean of the pose parameters over the cycles k >= start of one level."""
+
+    def __init__(self, start: int):
+        self.start, self.n, self.sum = start, 0, None
+
+    def add(self, k: int, params) -> None:
+        if k < self.start:
+            return
+        x = {key: np.asarray(params[key], np.float64) for key in _POSE_KEYS}
+        self.sum = x if self.sum is None else {key: self.sum[key] + x[key] for key in x}
+        self.n += 1
+
+    def apply(self, params):
+        """params with the pose group replaced by the mean (unchanged if nothing added)."""
+        if self.n < 2:
+            return params
+        return {**params, **{key: jnp.asarray(v / self.n, jnp.float32)
+                             for key, v in self.sum.items()}}
+
+
 class CalibrationSession:
     """Stateful driver around pure, jitted step functions (see module docstring).
 
@@ -312,11 +341,20 @@ class CalibrationSession:
         def zero():
             return optax.set_to_zero()
 
+        def pose_adam(lr):
+            # Adam's first bias-corrected updates are ~lr * sign(g) for every parameter,
+            # however weakly the images constrain it: a fresh start would kick an already
+            # good estimate by lr per step. A linear warm-up keeps the first moves small.
+            n = max(int(cfg.lr_warmup_steps), 0)
+            if n == 0:
+                return optax.adam(lr)
+            return optax.adam(optax.linear_schedule(lr / (n + 1), lr, n))
+
         pose_tx = {
-            "joint_offsets": optax.adam(cfg.lr_joint) if cfg.optimise_joints else zero(),
-            "fixed_deltas": optax.adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
-            "mounted_deltas": optax.adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
-            "corrections": (optax.adam(cfg.lr_correction) if cfg.per_frame_corrections
+            "joint_offsets": pose_adam(cfg.lr_joint) if cfg.optimise_joints else zero(),
+            "fixed_deltas": pose_adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
+            "mounted_deltas": pose_adam(cfg.lr_camera) if cfg.optimise_cameras else zero(),
+            "corrections": (pose_adam(cfg.lr_correction) if cfg.per_frame_corrections
                             else zero()),
             "color_logits": zero(), "opacity_logits": zero(), "background_logits": zero(),
         }
@@ -597,23 +635,38 @@ class CalibrationSession:
             if warm:
                 self.cycle(li, colour_steps=warm)
             n = cfg.cycles_per_level[li]
+            # iterate averaging (Polyak): the pose steps are stochastic (a few frames per
+            # step), so the iterates jitter around the optimum; their tail mean does not
+            avg = _PoseAverage(start=n - int(round(cfg.average_fraction * n)))
             for k in range(n):
                 # cosine decay of the pose step size over the level: big moves first, then
                 # settle below the Adam noise floor of the start rate
                 f = cfg.lr_final_fraction
                 self.lr_scale = f + (1 - f) * 0.5 * (1 + math.cos(math.pi * k / max(n - 1, 1)))
                 self.cycle(li)
+                avg.add(k, self.params)
                 m.steps_per_s = m.steps / max(time.monotonic() - t0, 1e-9)
                 if callback is not None:
                     callback(m)
                 if out_of_time():
                     break
+            self.params = self._better_of(self.params, avg.apply(self.params))
             self.try_accept()           # this level's estimate, judged on held-out frames
             if out_of_time():
                 break
         self.lr_scale = 1.0
         self.params = dict(self.accepted)
         return m
+
+    def _better_of(self, last, mean):
+        """The last iterate or the iterate mean, whichever has the lower held-out L1.
+
+        The mean removes the jitter of stochastic steps once the iterates are stationary,
+        but lags behind iterates that are still converging; the held-out frames decide.
+        """
+        if mean is last:
+            return last
+        return mean if self.holdout_residual(mean) < self.holdout_residual(last) else last
 
     def set_start(self, joint_offsets: dict[str, float] | None = None,
                   camera_poses: dict[str, np.ndarray] | None = None) -> None:

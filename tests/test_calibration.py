@@ -39,7 +39,10 @@ def setup():
                               init_colours=False,  # targets use the initial colours
                               # the known answer is exactly representable: the prior (which
                               # guards real recordings) only needs to be a weak tie-breaker
-                              prior_weight=1e-3)
+                              prior_weight=1e-3,
+                              # a short, deterministic (full-batch) schedule: no warm-up
+                              # ramp, no iterate averaging (both have their own tests)
+                              lr_warmup_steps=0, average_fraction=0.0)
     session = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=N_FRAMES)
     return rig, session, qs
 
@@ -208,3 +211,38 @@ def test_rig_gaussians_density_by_body_class(setup):
     nz = np.einsum("nij,nj->ni", R, normals)[:, 2]
     assert np.all(nz[~moving] >= -0.1 - 1e-5)
     assert np.any(nz[moving] < -0.5)                     # links keep their undersides
+
+
+def test_pose_warmup_keeps_a_restart_from_kicking_a_good_estimate(setup):
+    """Adam's first update is ~lr * sign(g) whatever the gradient; the warm-up ramps it."""
+    rig, s, qs = setup
+    truth = _fresh(s)
+    moved = {}
+    for warm in (0, 8):
+        s.cfg = s.cfg.replace(optimise_joints=True, optimise_cameras=True,
+                              lr_warmup_steps=warm)
+        s._build_optimisers()
+        _reset(s, truth, qs)          # at the truth: any move is a kick
+        s.restart_optimiser()
+        s._do(s._step_fn(0), True)
+        moved[warm] = np.abs(np.asarray(s.params["fixed_deltas"])).max()
+    lr = s.cfg.lr_camera
+    assert moved[0] > 0.5 * lr                       # without the ramp: a full-lr step
+    assert moved[8] < 1.2 * lr / 9                   # with it: lr / (n + 1)
+    s.cfg = s.cfg.replace(lr_warmup_steps=0)
+    s._build_optimisers()
+
+
+def test_pose_average_is_the_tail_mean_of_the_iterates():
+    avg = C._PoseAverage(start=2)
+    base = {"color_logits": jnp.ones(3)}
+    for k, v in enumerate([10.0, 20.0, 1.0, 2.0, 3.0]):
+        avg.add(k, {**base, **{key: jnp.full((2,), v) for key in C._POSE_KEYS}})
+    out = avg.apply({**base, **{key: jnp.zeros(2) for key in C._POSE_KEYS}})
+    for key in C._POSE_KEYS:
+        np.testing.assert_allclose(np.asarray(out[key]), 2.0)   # mean of 1, 2, 3 only
+    np.testing.assert_array_equal(np.asarray(out["color_logits"]), 1.0)
+    one = C._PoseAverage(start=0)
+    one.add(0, {key: jnp.full((2,), 5.0) for key in C._POSE_KEYS})
+    p = {key: jnp.zeros(2) for key in C._POSE_KEYS}
+    assert one.apply(p) is p                                   # a single iterate: unchanged
