@@ -271,7 +271,7 @@ class _PoseAverage:
         self.n += 1
 
     def apply(self, params):
-        """params with the pose group replaced by the mean (unchanged if nothing added)."""
+        """Return params with the pose group replaced by the mean (unchanged if < 2 added)."""
         if self.n < 2:
             return params
         return {**params, **{key: jnp.asarray(v / self.n, jnp.float32)
