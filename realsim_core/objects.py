@@ -1,7 +1,8 @@
 """Unknown objects -> metric meshes with Gaussian appearance (paper 4.2-5.3, app. B.2).
 
-Per object: an icosphere (642 vertices, 5 cm radius by default) is placed at the
-least-squares intersection of the camera rays through the object's mask centroids, then
+Per object: an icosphere (642 vertices; by default its radius is 1.15 x the masks' largest
+projected extent, `fit_to_masks`; else 5 cm) is placed at the least-squares intersection
+of the camera rays through the object's mask centroids, then
 a global translation, a global log-scale (our addition: shrinks/grows the sphere in a few
 steps instead of hundreds of per-vertex moves), per-vertex deltas (connectivity fixed)
 and the SplatMesh Gaussians (`render/splatmesh.py`, one free part per object) are
@@ -61,14 +62,14 @@ class ObjectConfig:
     crop_px: int = 96                 # virtual view size (square)
     max_views: int = 32               # views kept per object (most informative first)
     subdivisions: int = 3             # icosphere: 3 -> 642 vertices, 1280 faces
-    init_radius_m: float = 0.05       # icosphere radius
-    fit_to_masks: bool = False        # radius (and view crop) from the masks' extent instead
+    init_radius_m: float = 0.05       # icosphere radius (when not fit_to_masks)
+    fit_to_masks: bool = True         # radius (and view crop) from the masks' extent instead
     fit_margin: float = 1.15          # ... x the largest projected extent of the masks
     mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
     min_per_face: int = 1
     max_per_face: int = 8
-    gauss_scale_init: float = 1.0     # x splatmesh's initial in-plane std (0.5 x spacing)
-    gauss_follow_scale: bool = False  # Gaussian scales x exp(global log-scale) (see docs)
+    gauss_scale_init: float = 0.5     # x splatmesh's initial in-plane std (0.5 x spacing)
+    gauss_follow_scale: bool = True   # Gaussian scales x exp(global log-scale) (see docs)
     clamp_opacity: bool = True        # opacity 1 for every Gaussian (paper B.2.2)
     surfel: bool = True               # normal scale = float32 eps (False: learned)
     refine_cameras: bool = True
@@ -78,9 +79,9 @@ class ObjectConfig:
     w_smask: float = 0.05
     soft_mask_px: float = 8.0         # EDT distance (virtual px) with weight 1
     w_normal: float = 0.0             # only used when views carry normals
-    w_laplacian: float = 1.0          # per mm^2
+    w_laplacian: float = 0.0          # per mm^2 (1.0 before: too stiff, docs/objects.md)
     laplacian_final: float = 1.0      # Laplacian weight at the last step, x w_laplacian
-    w_edge: float = 0.1               # per mm^2
+    w_edge: float = 0.01              # per mm^2
     w_camera_prior: float = 1e-3
     prior_camera_m: float = 0.005     # 1-sigma of the camera deltas
     prior_camera_rad: float = 0.01
@@ -91,7 +92,7 @@ class ObjectConfig:
     lr_gaussians: float = 1e-2        # logits / log-scales / SH
     lr_camera: float = 1e-4           # se(3) units (m, rad)
     tile_size: int = 8
-    capacity: int = 64
+    capacity: int = 128               # Gaussians per tile (64 overflowed on most tiles)
     seed: int = 0
 
     def replace(self, **kw) -> ObjectConfig:
