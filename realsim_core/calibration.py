@@ -67,7 +67,8 @@ class CalibrationConfig:
                                                  # last cycles replaces the last iterate
                                                  # if its held-out L1 is lower (0 = off)
     fixed_weight: float = 1.0                    # image weight of fixed cameras
-    wrist_weight: float = 0.1                    # image weight of wrist cameras
+    wrist_weight: float = 0.1                    # image weight of wrist cameras (pose steps)
+    colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
     prior_weight: float = 0.001                  # weight of the prior term vs the image loss
     init_colours: bool = True                    # colours from the images before fitting
@@ -145,7 +146,8 @@ class _Static(NamedTuple):
     km: kinematics.KinematicModel
     gauss: RigGaussians                     # jnp arrays
     intrinsics: tuple                       # [level][camera] CameraIntrinsics (static)
-    cam_weight: jnp.ndarray                 # [C]
+    cam_weight: jnp.ndarray                 # [C] pose steps
+    colour_weight: jnp.ndarray              # [C] colour steps and held-out L1
     tile_size: int = 8
     capacity: int = 64
 
@@ -226,14 +228,21 @@ def render_batch(static: _Static, params, q, corr, level: int):
     return out
 
 
-def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda):
-    """Weighted photometric loss over frames `idx` [B] and all cameras."""
+def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda,
+                 pose=False):
+    """Weighted photometric loss over frames `idx` [B] and all cameras.
+
+    `pose` (bool, may be traced) picks the camera weights: `cam_weight` for pose steps
+    (the paper's wrist 0.1 / fixed 1.0), `colour_weight` for colour steps and held-out
+    scores (every view paints the shared appearance).
+    """
     renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level)
+    weights = jnp.where(pose, static.cam_weight, static.colour_weight)
     total = 0.0
     wsum = 0.0
     for c, rgb in enumerate(renders):
         target = bufs.images[level][c][idx]
-        w = static.cam_weight[c] * bufs.valid[idx, c]              # [B]
+        w = weights[c] * bufs.valid[idx, c]                        # [B]
         # L1 for colour steps (lambda = 0), (1 - lambda) L1 + lambda D-SSIM for pose steps
         per = (1.0 - ssim_lambda) * losses.l1_map(rgb, target) + ssim_lambda * (
             1.0 - losses.ssim_map(rgb, target))
@@ -305,8 +314,11 @@ class CalibrationSession:
         mounted = {c.name for c in rig.mounted_cameras}
         cam_w = jnp.asarray([self.cfg.wrist_weight if c in mounted else self.cfg.fixed_weight
                              for c in self.cameras], jnp.float32)
+        col_w = jnp.asarray([self.cfg.colour_wrist_weight if c in mounted
+                             else self.cfg.fixed_weight for c in self.cameras], jnp.float32)
         g = RigGaussians(*(jnp.asarray(a) for a in gaussians))
-        self.static = _Static(km, g, tuple(levels), cam_w, self.cfg.tile_size, self.cfg.capacity)
+        self.static = _Static(km, g, tuple(levels), cam_w, col_w, self.cfg.tile_size,
+                              self.cfg.capacity)
         J = len(km.joint_names)
         self.nominal = kinematics.zero_params(km)
         self.params = {
@@ -383,7 +395,7 @@ class CalibrationSession:
 
         def loss_fn(params, bufs, idx, nominal, pose):
             lam = jnp.where(pose, cfg.ssim_lambda, 0.0)
-            data = _photometric(static, params, bufs, idx, level, lam)
+            data = _photometric(static, params, bufs, idx, level, lam, pose)
             prior = _prior(params, cfg, nominal) * cfg.prior_weight
             return data + jnp.where(pose, prior, 0.0), data
 

@@ -246,3 +246,24 @@ def test_pose_average_is_the_tail_mean_of_the_iterates():
     one.add(0, {key: jnp.full((2,), 5.0) for key in C._POSE_KEYS})
     p = {key: jnp.zeros(2) for key in C._POSE_KEYS}
     assert one.apply(p) is p                                   # a single iterate: unchanged
+
+
+def test_wrist_views_weigh_fully_in_colour_steps_and_little_in_pose_steps(setup):
+    """Pose steps: wrist 0.1 / fixed 1.0 (paper); colour steps and held-out L1: all 1.0."""
+    rig, s, qs = setup
+    _reset(s, _fresh(s), qs)
+    idx = jnp.arange(N_FRAMES, dtype=jnp.int32)
+    # targets = the exact float renders (zero residual) except one wrist view, all black
+    images = list(C.render_batch(s.static, s.params, s.bufs.q[idx],
+                                 s.params["corrections"][idx], 0))
+    wrist = s.cameras.index("cam_left_wrist")
+    images[wrist] = jnp.zeros_like(images[wrist])
+    bufs = s.bufs._replace(images=(tuple(images),))
+    colour = float(C._photometric(s.static, s.params, bufs, idx, 0, 0.0, False))
+    pose = float(C._photometric(s.static, s.params, bufs, idx, 0, 0.0, True))
+    w = np.asarray(s.static.cam_weight)
+    assert w[wrist] == pytest.approx(0.1)
+    assert np.all(np.asarray(s.static.colour_weight) == 1.0)
+    err = colour * len(s.cameras)            # the wrist view's mean error
+    assert err > 0.05
+    assert pose == pytest.approx(err * w[wrist] / w.sum(), rel=1e-4)
