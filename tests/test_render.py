@@ -119,8 +119,9 @@ def test_jit_once_finite_grads_and_batch():
     val, grads = loss_and_grad(s["means"], s["colors"], s["opacities"], xis)
     val2, grads2 = loss_and_grad(s["means"] + 0.01, s["colors"] * 0.5, s["opacities"] * 0.9,
                                  xis + 0.01)
+    # the trace counter is the check; jax's private `_cache_size()` read 0 once in a full
+    # fresh-clone suite run (2026-12-01) although nothing retraced, so it is not used
     assert len(traces) == 1, "second call with new values must not retrace"
-    assert loss_and_grad._cache_size() == 1
     for g in list(grads) + list(grads2):
         assert bool(jnp.all(jnp.isfinite(g)))
     assert float(jnp.abs(grads[3]).sum()) > 0  # camera poses get gradient
