@@ -63,6 +63,11 @@ class CalibrationConfig:
     lr_final_fraction: float = 0.1               # pose lr decays (cosine) to this per level
     lr_warmup_steps: int = 8                     # pose lr ramps up over this many pose steps
                                                  # after every optimiser (re)start
+    flat_colour_levels: int = 0                  # the first N levels render one colour and
+                                                 # opacity per geom side (see _colours) ...
+    flat_static: bool = False                    # ... also on the static scene (table, floor)
+    flat_fixed_cameras: str = "keep"             # fixed-camera deltas of the flat levels:
+                                                 # "keep", or "discard" (back to the start)
     average_fraction: float = 0.5                # mean of the pose iterates of a level's
                                                  # last cycles replaces the last iterate
                                                  # if its held-out L1 is lower (0 = off)
@@ -84,6 +89,14 @@ class CalibrationConfig:
     capacity: int = 128                          # Gaussians per tile (nearest kept)
     seed: int = 0
 
+    def __post_init__(self):
+        if self.flat_fixed_cameras not in ("keep", "discard"):
+            raise RealsimError("flat_fixed_cameras must be 'keep' or 'discard', got "
+                               f"{self.flat_fixed_cameras!r}")
+        if not 0 <= self.flat_colour_levels <= len(self.levels):
+            raise RealsimError(f"flat_colour_levels must be in 0..{len(self.levels)} "
+                               f"(the number of levels), got {self.flat_colour_levels}")
+
     def replace(self, **kw) -> CalibrationConfig:
         return dataclasses.replace(self, **kw)
 
@@ -92,7 +105,8 @@ class RigGaussians(NamedTuple):
     """Gaussians bound to the rig's bodies (fixed geometry, body frames).
 
     body: [N] int32 MuJoCo body id; means: [N, 3] m; quats: [N, 4] xyzw; scales: [N, 3] m;
-    colors: [N, 3] initial RGB in [0, 1]; opacities: [N] initial opacity in (0, 1).
+    colors: [N, 3] initial RGB in [0, 1]; opacities: [N] initial opacity in (0, 1);
+    part: [N] int32 flat-colour group (geom x dominant normal direction), 0 .. n_parts - 1.
     """
 
     body: np.ndarray
@@ -101,6 +115,7 @@ class RigGaussians(NamedTuple):
     scales: np.ndarray
     colors: np.ndarray
     opacities: np.ndarray
+    part: np.ndarray
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -150,6 +165,8 @@ class _Static(NamedTuple):
     colour_weight: jnp.ndarray              # [C] colour steps and held-out L1
     tile_size: int = 8
     capacity: int = 64
+    n_parts: int = 1
+    flat_levels: int = 0                    # levels < this render flat per-geom colours
 
 
 class Buffers(NamedTuple):
@@ -192,8 +209,24 @@ def _se3_log_translation(t: np.ndarray, phi: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- core math
-def _colours(params):
-    return jax.nn.sigmoid(params["color_logits"]), jax.nn.sigmoid(params["opacity_logits"])
+def _colours(params, static: _Static | None = None, level: int = 0):
+    """Gaussian RGB [N, 3] and opacity [N] in (0, 1).
+
+    At a flat level (`level < static.flat_levels`) every Gaussian of a geom shows the
+    geom's mean colour and opacity: the appearance cannot paint a misregistration into
+    the texture, so the pose steps see the geoms' outlines and colour contrasts only.
+    """
+    colors = jax.nn.sigmoid(params["color_logits"])
+    opac = jax.nn.sigmoid(params["opacity_logits"])
+    if static is None or level >= static.flat_levels:
+        return colors, opac
+    part, n = static.gauss.part, static.n_parts
+    count = jnp.maximum(jax.ops.segment_sum(jnp.ones_like(opac), part, n), 1.0)
+
+    def flat(x):
+        return (jax.ops.segment_sum(x, part, n) / count.reshape((n,) + (1,) * (x.ndim - 1)))[part]
+
+    return flat(colors), flat(opac)
 
 
 def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]]:
@@ -209,7 +242,7 @@ def render_batch(static: _Static, params, q, corr, level: int):
     poses = kinematics.forward_batch(static.km, q, params["joint_offsets"], corr,
                                      params["fixed_deltas"], params["mounted_deltas"])
     means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss, poses.bodies)
-    colors, opac = _colours(params)
+    colors, opac = _colours(params, static, level)
     out: list = [None] * len(static.intrinsics[level])
     for intr, cams in _camera_groups(static.intrinsics[level]):
         cam_idx = jnp.asarray(cams, jnp.int32)
@@ -316,9 +349,15 @@ class CalibrationSession:
                              for c in self.cameras], jnp.float32)
         col_w = jnp.asarray([self.cfg.colour_wrist_weight if c in mounted
                              else self.cfg.fixed_weight for c in self.cameras], jnp.float32)
-        g = RigGaussians(*(jnp.asarray(a) for a in gaussians))
+        part = np.asarray(gaussians.part, np.int64)
+        if not self.cfg.flat_static:    # static-scene Gaussians keep their own colours
+            still = np.asarray(model.body_weldid)[np.asarray(gaussians.body)] == 0
+            part = np.where(still, part.max() + 1 + np.cumsum(still) - 1, part)
+            part = np.unique(part, return_inverse=True)[1].ravel()
+        g = RigGaussians(*(jnp.asarray(a) for a in gaussians._replace(part=part.astype(np.int32))))
         self.static = _Static(km, g, tuple(levels), cam_w, col_w, self.cfg.tile_size,
-                              self.cfg.capacity)
+                              self.cfg.capacity, int(part.max()) + 1,
+                              int(self.cfg.flat_colour_levels))
         J = len(km.joint_names)
         self.nominal = kinematics.zero_params(km)
         self.params = {
@@ -642,6 +681,7 @@ class CalibrationSession:
             return time_budget_s is not None and time.monotonic() - t0 > time_budget_s
 
         self.start()
+        fixed_start = self.params["fixed_deltas"]
         for li in range(len(cfg.levels)):
             warm = cfg.warmup_colour_steps if li == 0 else cfg.colour_steps * 3
             if warm:
@@ -662,7 +702,19 @@ class CalibrationSession:
                     callback(m)
                 if out_of_time():
                     break
-            self.params = self._better_of(self.params, avg.apply(self.params))
+            flat = li < cfg.flat_colour_levels
+            self.params = self._better_of(self.params, avg.apply(self.params),
+                                          level=li if flat else None)
+            if flat:
+                # the per-Gaussian colours start from the flat ones; a flat appearance is
+                # no match for the painted start on held-out frames, so the first
+                # judgement comes after a textured level
+                self._unflatten_colours(li)
+                if cfg.flat_fixed_cameras == "discard" and li == cfg.flat_colour_levels - 1:
+                    self.params = {**self.params, "fixed_deltas": fixed_start}
+                self._pose_state = self._pose_opt.init(self.params)   # new objective
+                if li < len(cfg.levels) - 1 and not out_of_time():
+                    continue
             self.try_accept()           # this level's estimate, judged on held-out frames
             if out_of_time():
                 break
@@ -670,7 +722,7 @@ class CalibrationSession:
         self.params = dict(self.accepted)
         return m
 
-    def _better_of(self, last, mean):
+    def _better_of(self, last, mean, level: int | None = None):
         """The last iterate or the iterate mean, whichever has the lower held-out L1.
 
         The mean removes the jitter of stochastic steps once the iterates are stationary,
@@ -678,7 +730,16 @@ class CalibrationSession:
         """
         if mean is last:
             return last
-        return mean if self.holdout_residual(mean) < self.holdout_residual(last) else last
+        better = self.holdout_residual(mean, level) < self.holdout_residual(last, level)
+        return mean if better else last
+
+    def _unflatten_colours(self, level: int) -> None:
+        """Write the flat colours/opacities of `level` into every Gaussian (fresh moments)."""
+        colors, opac = _colours(self.params, self.static, level)
+        self.params = {**self.params,
+                       "color_logits": jnp.asarray(_logit(np.asarray(colors)), jnp.float32),
+                       "opacity_logits": jnp.asarray(_logit(np.asarray(opac)), jnp.float32)}
+        self._colour_state = self._colour_opt.init(self.params)
 
     def set_start(self, joint_offsets: dict[str, float] | None = None,
                   camera_poses: dict[str, np.ndarray] | None = None) -> None:
@@ -893,8 +954,8 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
         raise RealsimError("the model has no visible geoms to calibrate against")
     weighted = np.array([m.area * d for _, m, d in parts])
     counts = np.maximum(4, np.round(n_gaussians * weighted / weighted.sum())).astype(int)
-    bodies, means, quats, scales, colors = [], [], [], [], []
-    for (part, mesh, _), n in zip(parts, counts):
+    bodies, means, quats, scales, colors, part_ids = [], [], [], [], [], []
+    for pi, ((part, mesh, _), n) in enumerate(zip(parts, counts)):
         pts, fidx = trimesh.sample.sample_surface(mesh, int(n), seed=int(rng.integers(1 << 31)))
         T = part.local_pose
         p_body = pts @ T[:3, :3].T + T[:3, 3]
@@ -906,6 +967,11 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
         Rs = np.stack([xaxis, np.cross(zaxis, xaxis), zaxis], -1)
         s_plane = spacing_scale * np.sqrt(mesh.area / n)
         bodies.append(np.full(len(pts), part.body, np.int32))
+        # flat-colour groups: one per geom and dominant normal direction (+-x, +-y, +-z
+        # in the body frame), so a box's faces keep their different shading
+        axis = np.argmax(np.abs(zaxis), axis=1)
+        side = zaxis[np.arange(len(zaxis)), axis] > 0
+        part_ids.append((6 * pi + 2 * axis + side).astype(np.int32))
         means.append(p_body)
         quats.append(np.stack([matrix_to_quat_xyzw(r) for r in Rs]))
         scales.append(np.tile([s_plane, s_plane, float(np.finfo(np.float32).eps)],
@@ -916,4 +982,5 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
     return RigGaussians(
         body=cat(bodies), means=cat(means).astype(np.float32), quats=cat(quats).astype(np.float32),
         scales=cat(scales).astype(np.float32), colors=cat(colors).astype(np.float32),
-        opacities=np.full(n_all, opacity, np.float32))
+        opacities=np.full(n_all, opacity, np.float32),
+        part=np.unique(cat(part_ids), return_inverse=True)[1].astype(np.int32).ravel())

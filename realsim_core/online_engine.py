@@ -265,6 +265,9 @@ def make_estimator(rig, start: Calibration, **options) -> SessionEstimator:
         cfg = _config_from(options)
     except (TypeError, ValueError) as exc:
         raise RealsimError(f"bad estimator options: {exc}") from None
+    if cfg.flat_colour_levels:
+        raise RealsimError("estimator option flat_colour_levels is for the offline schedule "
+                           "(realsim calibrate); the online engine runs textured levels only")
     if not cfg.levels or any(not isinstance(f, int) or f < 1 for f in cfg.levels):
         raise RealsimError(f"estimator option levels must be positive integers, got "
                            f"{list(cfg.levels)}")

@@ -267,3 +267,95 @@ def test_wrist_views_weigh_fully_in_colour_steps_and_little_in_pose_steps(setup)
     err = colour * len(s.cameras)            # the wrist view's mean error
     assert err > 0.05
     assert pose == pytest.approx(err * w[wrist] / w.sum(), rel=1e-4)
+
+
+def test_flat_levels_show_one_colour_per_geom_side(setup):
+    """A flat level shows one colour per (geom, normal direction) group.
+
+    Unflattening hands exactly that appearance to the textured levels.
+    """
+    import mujoco
+
+    rig, s, qs = setup
+    g = C.rig_gaussians(load_mjmodel(rig), 3000, seed=2)
+    part = np.asarray(g.part)
+    assert part.min() == 0 and np.array_equal(np.unique(part), np.arange(part.max() + 1))
+    model = load_mjmodel(rig)
+    from realsim_core.se3 import quat_xyzw_to_matrix
+    normals = np.asarray(quat_xyzw_to_matrix(jnp.asarray(g.quats)))[:, :, 2]
+    for p in np.unique(part):           # a group never spans two bodies or two sides
+        sel = part == p
+        assert len(np.unique(g.body[sel])) == 1
+        nrm = normals[sel]               # one dominant signed axis (up to float32 ties)
+        a = np.argmax(np.abs(nrm).sum(0))
+        sign = np.sign(nrm[:, a].sum())
+        assert np.all(sign * nrm[:, a] >= np.abs(nrm).max(1) - 1e-4)
+    box = [i for i in range(model.ngeom) if model.geom_type[i] == mujoco.mjtGeom.mjGEOM_BOX
+           and model.body_weldid[model.geom_bodyid[i]] != 0]
+    assert box  # the links' boxes split into up to six sides
+    assert len(np.unique(part[g.body == model.geom_bodyid[box[0]]])) >= 3
+
+    _reset(s, _fresh(s), qs)
+    ps = s.static.gauss.part
+    n = int(ps.max()) + 1
+    flat_static = s.static._replace(flat_levels=1, n_parts=n)
+    rng = np.random.default_rng(3)
+    params = {**s.params,
+              "color_logits": jnp.asarray(rng.normal(0, 2, s.params["color_logits"].shape),
+                                          jnp.float32),
+              "opacity_logits": jnp.asarray(rng.normal(0, 2, s.params["opacity_logits"].shape),
+                                            jnp.float32)}
+    col, op = (np.asarray(x, np.float64) for x in C._colours(params, flat_static, 0))
+    raw = 1 / (1 + np.exp(-np.asarray(params["color_logits"], np.float64)))
+    ps_np = np.asarray(ps)
+    for p in rng.choice(n, 10, replace=False):   # reference: a plain per-group mean
+        sel = ps_np == p
+        np.testing.assert_allclose(col[sel], np.broadcast_to(raw[sel].mean(0), col[sel].shape),
+                                   atol=1e-5)
+        assert np.ptp(op[sel]) < 1e-6
+    raw_col, _ = C._colours(params, flat_static, 1)   # levels >= flat_levels: untouched
+    np.testing.assert_allclose(np.asarray(raw_col), raw, atol=1e-6)
+
+    q = s.bufs.q[:1]
+    before = C.render_batch(flat_static, params, q, params["corrections"][:1], 0)
+    s.static, saved = flat_static, s.static
+    try:
+        s.params = params
+        s._unflatten_colours(0)
+        after = C.render_batch(saved, s.params, q, s.params["corrections"][:1], 0)
+    finally:
+        s.static = saved
+    for a, b in zip(before, after):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-3)
+
+
+def test_flat_level_fixed_camera_moves_are_discarded_on_request(setup):
+    """With flat_fixed_cameras="discard" the fixed cameras leave the flat level at the start.
+
+    The textured level's single short cycle cannot undo a large move by itself.
+    """
+    rig, s0, qs = setup
+    cfg = s0.cfg.replace(levels=(1, 1), cycles_per_level=(6, 1), flat_colour_levels=1,
+                         flat_static=True, flat_fixed_cameras="discard", pose_steps=2,
+                         optimise_joints=False, lr_warmup_steps=0, lr_final_fraction=1.0)
+    gauss = C.rig_gaussians(load_mjmodel(rig), N_GAUSS, seed=0)
+    s = C.CalibrationSession(rig, load_mjmodel(rig), s0.full_intrinsics, gauss, cfg,
+                             max_frames=N_FRAMES)
+    truth = _fresh(s)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[:, :3] = 0.02                             # both fixed cameras 35 mm off
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    _reset(s, truth, qs)
+    seen = []
+    s.run(callback=lambda m: seen.append(
+        (m.level, np.abs(np.asarray(s.params["fixed_deltas"])).max())))
+    flat_moves = [v for lvl, v in seen if lvl == 0]
+    assert len(flat_moves) == 6 and flat_moves[-1] > 3 * cfg.lr_camera   # moved at the flat level
+    # level 1 restarted from zero: one cycle of 2 Adam steps moves at most ~2 lr per
+    # parameter ("keep" would leave it > 3 lr - 2 lr away from zero)
+    textured = [v for lvl, v in seen if lvl == 1]
+    assert textured and textured[-1] <= 2.2 * cfg.lr_camera
+    with pytest.raises(C.RealsimError, match="flat_fixed_cameras"):
+        cfg.replace(flat_fixed_cameras="frozen")
+    with pytest.raises(C.RealsimError, match="flat_colour_levels"):
+        cfg.replace(flat_colour_levels=3)
