@@ -177,6 +177,10 @@ def test_make_estimator_refuses_unknown_and_bad_options():
         make_estimator(rig, start, max_frames=0)
     with pytest.raises(RealsimError, match="levels"):
         make_estimator(rig, start, levels=[0])
+    with pytest.raises(RealsimError, match="flat_colour_levels is for the offline"):
+        make_estimator(rig, start, flat_colour_levels=1)
+    with pytest.raises(RealsimError, match="flat_fixed_cameras"):
+        make_estimator(rig, start, flat_fixed_cameras="bogus")
     est = make_estimator(rig, start, levels=[1], n_gaussians=100, drift=False)
     assert est.cfg.levels == (1,) and est.n_gaussians == 100 and not est.drift_enabled
 
