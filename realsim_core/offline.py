@@ -30,6 +30,8 @@ class OfflineOptions:
     time_budget_s: float | None = None
     steps_scale: float = 1.0          # multiplies the schedule's cycles per level
     levels: tuple[int, ...] = (2, 1)
+    flat_levels: int = 1              # leading levels with flat link colours (at most all
+                                      # but the last level; docs/calibration.md)
     seed: int = 0
     progress: bool = True
     objects: bool = False             # reconstruct unknown objects after the calibration
@@ -111,7 +113,8 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     base = C.CalibrationConfig()
     cycles = tuple(max(1, round(c * opts.steps_scale)) for c in base.cycles_per_level)
     n = len(opts.levels)
-    cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed)
+    cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
+                       flat_colour_levels=max(0, min(opts.flat_levels, n - 1)))
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed)
     session = C.CalibrationSession(rig, model, intrinsics, gauss, cfg,
                                    max_frames=min(opts.max_frames, len(frames)))
@@ -160,6 +163,7 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         "wall_s": time.monotonic() - t0, "rig": str(rig_path), "objects_s": t_obj,
         "objects": [o.name for o in calib.objects],
         "history": m.history,
+        "levels": list(session.cfg.levels), "flat_levels": session.cfg.flat_colour_levels,
     }
     gt_path = rec_dir / "ground_truth.yaml"
     if gt_path.exists():

@@ -36,6 +36,7 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     m = json.loads((out / "metrics.json").read_text())
     assert m["holdout_l1"] <= m["holdout_l1_start"]       # never worse than the start
     assert m["evaluation"]["tcp_mm"] is not None
+    assert m["levels"] == [1] and m["flat_levels"] == 0   # the last level is never flat
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
 
@@ -48,3 +49,8 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     res = _realsim("calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--levels", "x")
     assert res.returncode == 1
     assert "--levels must be comma-separated integers" in res.stderr
+    res = _realsim("calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--flat-levels",
+                   "-1")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "realsim calibrate: error: --flat-levels must be >= 0"]

@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
                    help="Gaussians on the known scene (robot, table)")
     p.add_argument("--levels", default="2,1",
                    help="image pyramid factors, coarse to fine (default 2,1)")
+    p.add_argument("--flat-levels", type=int, default=1, metavar="N",
+                   help="the first N levels render one colour per link side, so the colours "
+                        "cannot absorb a misregistration (default 1; never the last level)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--objects", dest="objects", action="store_true",
                    help="also reconstruct unknown objects (meshes under OUT/meshes/)")
@@ -46,10 +49,13 @@ def run(args) -> int:
             from None
     if not levels or any(v < 1 for v in levels):
         raise RealsimError("--levels must be integers >= 1")
+    if args.flat_levels < 0:
+        raise RealsimError("--flat-levels must be >= 0")
     if args.steps <= 0 or (args.time_budget is not None and args.time_budget <= 0):
         raise RealsimError("--steps and --time-budget must be > 0")
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
+                          flat_levels=args.flat_levels,
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps)
     m = calibrate_bag(args.bag, args.out, opts)
