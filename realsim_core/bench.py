@@ -281,7 +281,8 @@ def _object_centric_one(kind: str, cfg, n_views: int, resolution: int, eval_px: 
         out = rasterize(jnp.asarray(g["means"]), None, None, jnp.asarray(g["opacities"]),
                         jnp.asarray(g["sh"]), jnp.asarray(tv.T_world_cam, jnp.float32), it,
                         covars=jnp.asarray(g["covars"]), sh_degree=0,
-                        background=jnp.zeros(3), capacity=cfg.capacity)
+                        background=jnp.zeros(3), capacity=cfg.capacity,
+                        antialiased=cfg.antialiased)
         target = losses.downsample(jnp.asarray(tv.image * tv.mask[..., None], jnp.float32)
                                    / 255.0, resolution // eval_px)
         psnrs.append(float(losses.psnr(out.rgb, target)))

@@ -7,7 +7,11 @@ a global translation, a global log-scale (our addition: shrinks/grows the sphere
 steps instead of hundreds of per-vertex moves), per-vertex deltas (connectivity fixed)
 and the SplatMesh Gaussians (`render/splatmesh.py`, one free part per object) are
 optimised with Adam (optax), jointly with small se(3) deltas of every camera
-(right-applied, optical frame, Gaussian prior).
+(right-applied, optical frame, Gaussian prior). Adam moves u with deltas =
+(I + lambda L)^-1 u (`smooth_lambda`, Nicolet et al. 2021 "large steps"): smooth steps, no
+loss term. Renders use the rasterizer's Mip-Splatting opacity compensation
+(`antialiased`), so surfels seen edge-on do not widen the silhouette (docs/objects.md,
+"Silhouette bias").
 
 Losses (weights in `ObjectConfig`, defaults documented in docs/objects.md):
 - photometric: L1 between the render (black background) and the masked observation;
@@ -65,13 +69,17 @@ class ObjectConfig:
     init_radius_m: float = 0.05       # icosphere radius (when not fit_to_masks)
     fit_to_masks: bool = True         # radius (and view crop) from the masks' extent instead
     fit_margin: float = 1.15          # ... x the largest projected extent of the masks
+    fit_quantile: float = 1.0         # ... or this quantile of the per-view extents
     mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
     min_per_face: int = 1
     max_per_face: int = 8
     gauss_scale_init: float = 0.5     # x splatmesh's initial in-plane std (0.5 x spacing)
     gauss_follow_scale: bool = True   # Gaussian scales x exp(global log-scale) (see docs)
+    gauss_scale_max: float | None = None  # in-plane std <= this x splatmesh's initial std
     clamp_opacity: bool = True        # opacity 1 for every Gaussian (paper B.2.2)
     surfel: bool = True               # normal scale = float32 eps (False: learned)
+    antialiased: bool = True          # rasterizer opacity compensation (Mip-Splatting):
+    #                                   edge-on surfels no longer widen the silhouette
     refine_cameras: bool = True
     # loss weights
     w_photo: float = 1.0
@@ -93,6 +101,7 @@ class ObjectConfig:
     lr_camera: float = 1e-4           # se(3) units (m, rad)
     tile_size: int = 8
     capacity: int = 128               # Gaussians per tile (64 overflowed on most tiles)
+    smooth_lambda: float = 3.0        # vertex deltas = (I + lambda L)^-1 u (0: u itself)
     seed: int = 0
 
     def replace(self, **kw) -> ObjectConfig:
@@ -294,6 +303,8 @@ class _Static(NamedTuple):
     valid: jnp.ndarray            # [N, S, S] inside the source image
     normals: jnp.ndarray | None   # [N, S, S, 3] camera-frame normals or None
     n_cameras: int
+    log_scale_max: jnp.ndarray | None = None  # [G, 2] upper bound of params["log_scales"]
+    smooth: jnp.ndarray | None = None  # [V, V] (I + lambda L)^-1: deltas = smooth @ u
 
 
 def _select_views(views: list[View], max_views: int) -> list[View]:
@@ -315,13 +326,15 @@ def _select_views(views: list[View], max_views: int) -> list[View]:
     return out
 
 
-def mask_extent_radius(views: list[View], centre: np.ndarray) -> float:
+def mask_extent_radius(views: list[View], centre: np.ndarray, quantile: float = 1.0) -> float:
     """Largest distance (m) of a mask pixel from the projected `centre`, over the views.
 
     Each view gives the object's extent perpendicular to its ray (pixels x depth / f); the
     maximum over views approximates the radius of the object's bounding sphere at centre.
+    quantile < 1: that quantile of the per-view extents instead of their maximum (robust
+    to a few views with a stray mask or a poorly placed centre).
     """
-    r = 0.0
+    rs = [0.0]
     for v in views:
         p = v.T_world_cam[:3, :3].T @ (centre - v.T_world_cam[:3, 3])
         if p[2] <= 1e-6:
@@ -332,8 +345,8 @@ def mask_extent_radius(views: list[View], centre: np.ndarray) -> float:
         if len(us) == 0:
             continue
         px = float(np.sqrt(np.max((us - u0) ** 2 + (ws - w0) ** 2))) + 0.5
-        r = max(r, px * float(np.linalg.norm(p)) / v.intrinsics.fx)
-    return r
+        rs.append(px * float(np.linalg.norm(p)) / v.intrinsics.fx)
+    return float(np.quantile(rs[1:], quantile)) if len(rs) > 1 else 0.0
 
 
 def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
@@ -398,7 +411,7 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
     centre = triangulate_mask_centroids(views)
     radius = cfg.init_radius_m
     if cfg.fit_to_masks:
-        radius = cfg.fit_margin * mask_extent_radius(views, centre)
+        radius = cfg.fit_margin * mask_extent_radius(views, centre, cfg.fit_quantile)
     fields, vintr = prepare_views(views, centre, cfg, radius)
     base, faces = icosphere(cfg.subdivisions, radius)
     obs = np.concatenate([np.asarray(v.image, np.float64)[np.asarray(v.mask, bool)]
@@ -408,8 +421,15 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
     model, sp = build_model([part], mean_per_face=cfg.mean_per_face, sh_degree=0,
                             seed=cfg.seed, min_per_face=cfg.min_per_face,
                             max_per_face=cfg.max_per_face)
-    static = _Static(model=model, base_vertices=base, edges=mesh_edges(faces), intr=vintr,
-                     n_cameras=n_cameras, **fields)
+    lmax = (None if cfg.gauss_scale_max is None
+            else jnp.asarray(sp["log_scales"] + math.log(cfg.gauss_scale_max), jnp.float32))
+    edges = mesh_edges(faces)
+    smooth = None
+    if cfg.smooth_lambda > 0:
+        smooth = jnp.asarray(smoothing_operator(edges, len(base), cfg.smooth_lambda),
+                             jnp.float32)
+    static = _Static(model=model, base_vertices=base, edges=edges, intr=vintr,
+                     n_cameras=n_cameras, log_scale_max=lmax, smooth=smooth, **fields)
     params = {
         "translation": jnp.asarray(centre, jnp.float32),
         "deltas": jnp.zeros(base.shape, jnp.float32),
@@ -424,10 +444,30 @@ def _init(views: list[View], cfg: ObjectConfig, name: str, n_cameras: int):
     return static, params
 
 
+def smoothing_operator(edges: np.ndarray, n_vertices: int, lam: float) -> np.ndarray:
+    """(I + lam L)^-1 [V, V] (float64), L = D - A the combinatorial graph Laplacian.
+
+    Nicolet et al. 2021 ("Large steps in inverse rendering"): optimising u with
+    deltas = (I + lam L)^-1 u keeps every shape reachable but makes gradient steps smooth
+    (high-frequency components of a step are damped by 1 / (1 + lam mu)).
+    """
+    e = np.asarray(edges, np.int64)
+    A = np.zeros((n_vertices, n_vertices))
+    A[e[:, 0], e[:, 1]] = A[e[:, 1], e[:, 0]] = 1.0
+    L = np.diag(A.sum(1)) - A
+    return np.linalg.inv(np.eye(n_vertices) + lam * L)
+
+
+def vertex_deltas(static: _Static, params):
+    """[V, 3] per-vertex deltas (m): params["deltas"], smoothed when static.smooth is set."""
+    u = params["deltas"]
+    return u if static.smooth is None else static.smooth @ u
+
+
 def object_vertices(static: _Static, params):
     """[V, 3] vertices in the object frame (m): exp(log_scale) * icosphere + deltas."""
     base = jnp.asarray(static.base_vertices, jnp.float32)
-    return jnp.exp(params["log_scale"]) * base + params["deltas"]
+    return jnp.exp(params["log_scale"]) * base + vertex_deltas(static, params)
 
 
 def object_gaussians(static: _Static, params, clamp_opacity: bool,
@@ -473,7 +513,7 @@ def render_views(static: _Static, params, idx, cfg: ObjectConfig, intr=None):
         out = rasterize(g.means, None, None, g.opacities, g.sh, pose, intr,
                         covars=g.covars, sh_degree=0, features=n_cam,
                         background=jnp.zeros(3, g.means.dtype), tile_size=cfg.tile_size,
-                        capacity=cfg.capacity)
+                        capacity=cfg.capacity, antialiased=cfg.antialiased)
         return out.rgb, out.alpha, out.features
 
     return jax.vmap(one)(poses)
@@ -490,7 +530,7 @@ def loss_terms(static: _Static, params, idx, cfg: ObjectConfig) -> dict:
     v_mm = 1000.0 * object_vertices(static, params)
     n_v = static.base_vertices.shape[0]
     terms = {"photo": photo, "mask": hard, "smask": soft,
-             "laplacian": laplacian_loss(1000.0 * params["deltas"], static.edges, n_v),
+             "laplacian": laplacian_loss(1000.0 * vertex_deltas(static, params), static.edges, n_v),
              "edge": edge_length_loss(v_mm, static.edges)}
     if static.normals is not None:
         terms["normal"] = jnp.sum(jnp.sum((nrm - static.normals[idx] * alpha[..., None]) ** 2,
@@ -547,6 +587,9 @@ def make_step(static: _Static, cfg: ObjectConfig, opt: optax.GradientTransformat
                                     for g in jax.tree_util.tree_leaves(grads)]))
         updates, new_state = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        if static.log_scale_max is not None:  # projected step: in-plane std <= its bound
+            new_params = {**new_params, "log_scales": jnp.minimum(new_params["log_scales"],
+                                                                  static.log_scale_max)}
         keep = lambda a, b: jax.tree_util.tree_map(  # noqa: E731
             lambda x, y: jnp.where(finite, x, y), a, b)
         return keep(new_params, params), keep(new_state, opt_state), loss, terms

@@ -5,7 +5,10 @@ Pipeline (all shapes static, so a jitted caller compiles once per image size / c
 1. Projection (EWA splatting, Zwicker et al. 2002 as in 3DGS): world covariance
    `Sigma = R S S^T R^T` -> camera frame -> 2D with the Jacobian of the pinhole,
    `Sigma2d = J W Sigma W^T J^T + DILATION_PX2 * I` (0.3 px^2, the 3DGS low-pass filter,
-   without opacity compensation, i.e. gsplat's "classic" mode).
+   without opacity compensation, i.e. gsplat's "classic" mode). `antialiased=True`
+   multiplies the opacity by `sqrt(det(Sigma2d_raw) / det(Sigma2d))` (Mip-Splatting,
+   gsplat's "antialiased" mode): a Gaussian thinner than the filter fades instead of
+   widening, e.g. a surfel seen edge-on no longer adds a ~0.6 px rim to a silhouette.
 2. Screen bounds: the axis-aligned box of the ellipse where `alpha >= 1/255`, i.e.
    `d^T Sigma2d^-1 d <= k^2` with `k = sqrt(2 ln(255 o))` (k <= 3.33 for o <= 1; the "3 sigma"
    box of 3DGS, but opacity-aware and exact, so cutting at the box changes nothing: the
@@ -82,6 +85,7 @@ class Projected(NamedTuple):
     extent: jax.Array  # [N, 2] half-size of the alpha >= 1/255 box (u, v), pixels
     valid: jax.Array  # [N] bool: in front of the near plane, non-degenerate, visible opacity
     k2: jax.Array  # [N] support radius^2 in Mahalanobis units: alpha >= 1/255 iff q <= k2
+    opacity: jax.Array | None = None  # [N] opacity used for compositing (None: the input)
 
 
 def covariance_from_quat_scale(quats, scales):
@@ -91,11 +95,13 @@ def covariance_from_quat_scale(quats, scales):
     return m @ jnp.swapaxes(m, -1, -2)
 
 
-def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: float = 0.01):
+def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: float = 0.01,
+            antialiased: bool = False):
     """EWA projection of 3D Gaussians into a pinhole camera.
 
     means: [N, 3] metres (world); covars: [N, 3, 3] m^2 (world); opacities: [N] in [0, 1];
-    cam_pose: [4, 4] T_world_cam. Returns `Projected`.
+    cam_pose: [4, 4] T_world_cam. Returns `Projected`. antialiased: opacity x
+    sqrt(det(Sigma2d without dilation) / det(Sigma2d)) (Mip-Splatting compensation).
     """
     rot = cam_pose[:3, :3]
     p = (means - cam_pose[:3, 3]) @ rot  # R^T (m - t): [N, 3] camera frame
@@ -116,6 +122,10 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
     b = cov2d[:, 0, 1]
     c = cov2d[:, 1, 1] + DILATION_PX2
     det = a * c - b * b
+    if antialiased:
+        det_raw = cov2d[:, 0, 0] * cov2d[:, 1, 1] - b * b
+        ratio = jnp.clip(det_raw / jnp.where(det > 0.0, det, 1.0), 1e-12, 1.0)
+        opacities = opacities * jnp.sqrt(ratio)
     ok = in_front & (det > 0.0) & (opacities > ALPHA_MIN)
     inv_det = 1.0 / jnp.where(ok, det, 1.0)
     conic = jnp.stack([c * inv_det, -b * inv_det, a * inv_det], -1)
@@ -126,7 +136,7 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
     k = jnp.sqrt(k2)
     extent = jax.lax.stop_gradient(
         k[:, None] * jnp.sqrt(jnp.maximum(jnp.stack([a, c], -1), 0.0)) + _BOUND_MARGIN)
-    return Projected(mean2d, conic, z, extent, ok, k2)
+    return Projected(mean2d, conic, z, extent, ok, k2, opacities if antialiased else None)
 
 
 class _Bins(NamedTuple):
@@ -399,6 +409,7 @@ def rasterize(
     max_pairs: int | None = None,
     near: float = 0.01,
     backend: str = "jax",
+    antialiased: bool = False,
 ) -> RenderOutput:
     """Render 3D Gaussians into one pinhole camera (differentiable in every array input).
 
@@ -415,9 +426,13 @@ def rasterize(
     tile_size, capacity: tile edge in pixels and Gaussians kept per tile (static).
     max_pairs: static size of the (Gaussian, tile) pair list (default 8 N).
     near: metres; Gaussians closer than this are culled.
+    antialiased: Mip-Splatting opacity compensation of the 0.3 px^2 dilation (static; jax
+    backend only): default off, the 3DGS "classic" rule.
     backend: "jax" (this file, any device) or "gsplat" (CUDA + torch + gsplat).
     """
     if backend == "gsplat":
+        if antialiased:
+            raise ValueError("antialiased=True is implemented for the jax backend only")
         from realsim_core.render.gsplat_backend import rasterize_gsplat
 
         return rasterize_gsplat(
@@ -428,19 +443,22 @@ def rasterize(
     return _rasterize_jax(
         means, quats, scales, opacities, colors, cam_pose, features, background, covars,
         intrinsics=intrinsics, sh_degree=sh_degree, tile_size=tile_size, capacity=capacity,
-        max_pairs=max_pairs, near=near)
+        max_pairs=max_pairs, near=near, antialiased=antialiased)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "intrinsics", "sh_degree", "tile_size", "capacity", "max_pairs", "near"))
+    "intrinsics", "sh_degree", "tile_size", "capacity", "max_pairs", "near", "antialiased"))
 def _rasterize_jax(means, quats, scales, opacities, colors, cam_pose, features, background,
-                   covars, *, intrinsics, sh_degree, tile_size, capacity, max_pairs, near):
+                   covars, *, intrinsics, sh_degree, tile_size, capacity, max_pairs, near,
+                   antialiased=False):
     _check_shapes(means, opacities, colors, features, sh_degree)
     n = means.shape[0]
     dtype = means.dtype
     if covars is None:
         covars = covariance_from_quat_scale(quats, scales)
-    proj = project(means, covars, opacities, cam_pose, intrinsics, near)
+    proj = project(means, covars, opacities, cam_pose, intrinsics, near, antialiased)
+    if proj.opacity is not None:
+        opacities = proj.opacity
     if sh_degree is not None:
         rgb = eval_sh(sh_degree, colors, means - cam_pose[:3, 3])
     else:
