@@ -382,6 +382,9 @@ class CalibrationSession:
         self.metrics = Metrics()
         self._rng = np.random.default_rng(self.cfg.seed)
         self.lr_scale = 1.0     # multiplies the pose learning rates (run() decays it)
+        # set from another thread to end the current cycle early (a node shutting down);
+        # steps requested afterwards return at once
+        self.stop_requested = False
         self._build_optimisers()
         self.accepted = dict(self.params)
 
@@ -775,6 +778,8 @@ class CalibrationSession:
         self._colour_state = self._colour_opt.init(p)
 
     def _do(self, fn, pose: bool) -> None:
+        if self.stop_requested:
+            return
         idx = self._sample()
         params, ps, cs, loss, finite = fn(self.params, self._pose_state, self._colour_state,
                                           self.bufs, idx, self.nominal, jnp.asarray(pose),

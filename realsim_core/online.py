@@ -61,7 +61,9 @@ class Estimator(Protocol):
 
     Every method is called from ONE worker thread (never from ROS callbacks), so an
     implementation needs no locking. `step` may take as long as one optimisation step
-    takes; the loop checks for new frames between steps.
+    takes; the loop checks for new frames between steps. An implementation may also define
+    `request_stop()`: `OnlineCalibrator.stop` calls it from another thread so that a long
+    `step` ends early when the node shuts down.
     """
 
     #: short human-readable state for /diagnostics, e.g. "optimising", "converged".
@@ -478,12 +480,22 @@ class OnlineCalibrator:
         self._thread = threading.Thread(target=self._run, name="realsim-optimise", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the worker to finish and wait for it."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Ask the worker to finish and wait for it.
+
+        An estimator with a `request_stop()` method (optional, called from this thread) is
+        told to cut its running step short. The wait matters: a process that exits while
+        the worker is inside an XLA computation aborts ("FATAL: exception not rethrown").
+        """
         self._stop.set()
         self._wake.set()
+        request_stop = getattr(self.estimator, "request_stop", None)
+        if callable(request_stop):
+            request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("realsim worker still busy %.0f s after the stop request", timeout)
 
     def _set_current(self, cal: Calibration) -> None:
         self.current = cal

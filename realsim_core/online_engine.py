@@ -114,6 +114,11 @@ class SessionEstimator:
         s.add_frame(images, q, frame.stamp_ns, holdout=holdout)
         self._dirty = self._dirty or self._started
 
+    def request_stop(self) -> None:
+        """Called from another thread: let the running step end after its current Adam step."""
+        if self.session is not None:
+            self.session.stop_requested = True
+
     def step(self) -> bool:  # noqa: D102
         s = self.session
         if s is None or int(np.sum(np.asarray(s.bufs.train))) < self.min_frames:

@@ -359,3 +359,15 @@ def test_flat_level_fixed_camera_moves_are_discarded_on_request(setup):
         cfg.replace(flat_fixed_cameras="frozen")
     with pytest.raises(C.RealsimError, match="flat_colour_levels"):
         cfg.replace(flat_colour_levels=3)
+
+
+def test_stop_request_ends_a_cycle_without_stepping(setup):
+    """A node shutting down sets stop_requested; the running cycle's later steps return."""
+    _, s, _ = setup
+    steps = s.metrics.steps
+    s.stop_requested = True
+    try:
+        s.cycle(0, colour_steps=3)
+    finally:
+        s.stop_requested = False
+    assert s.metrics.steps == steps

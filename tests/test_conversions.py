@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -293,6 +295,36 @@ def test_online_loop_accepts_improvements_and_rolls_back_nan(nominal):
     assert cal.estimator.calls == calls  # frozen: no steps
     cal.reset()
     assert cal.current is nominal and cal.version == 2
+
+
+class _SlowEstimator(NominalEstimator):
+    """A step that runs until told to stop (like an XLA step under load)."""
+
+    def __init__(self, start):
+        super().__init__(start)
+        self.stop_event = threading.Event()
+        self.in_step = threading.Event()
+
+    def request_stop(self):
+        self.stop_event.set()
+
+    def step(self):
+        self.in_step.set()
+        self.stop_event.wait(30.0)
+        return False
+
+
+def test_stop_cuts_a_long_step_short_and_waits_for_the_worker(nominal):
+    cal = _calibrator(nominal, factory=_SlowEstimator)
+    cal.start()
+    try:
+        assert cal.estimator.in_step.wait(10.0)     # the worker is inside step()
+    finally:
+        t0 = time.monotonic()
+        cal.stop()
+    assert cal.estimator.stop_event.is_set()          # told to stop ...
+    assert not cal._thread.is_alive()                 # ... and joined, not abandoned
+    assert time.monotonic() - t0 < 20.0               # not the step's own 30 s
 
 
 def test_check_calibration(nominal):
