@@ -69,7 +69,7 @@ class ObjectConfig:
     init_radius_m: float = 0.05       # icosphere radius (when not fit_to_masks)
     fit_to_masks: bool = True         # radius (and view crop) from the masks' extent instead
     fit_margin: float = 1.15          # ... x the largest projected extent of the masks
-    fit_quantile: float = 1.0         # ... or this quantile of the per-view extents
+    fit_quantile: float = 0.5         # ... this quantile of the per-view extents (1: max)
     mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
     min_per_face: int = 1
     max_per_face: int = 8
@@ -78,8 +78,8 @@ class ObjectConfig:
     gauss_scale_max: float | None = None  # in-plane std <= this x splatmesh's initial std
     clamp_opacity: bool = True        # opacity 1 for every Gaussian (paper B.2.2)
     surfel: bool = True               # normal scale = float32 eps (False: learned)
-    antialiased: bool = True          # rasterizer opacity compensation (Mip-Splatting):
-    #                                   edge-on surfels no longer widen the silhouette
+    antialiased: bool = False         # rasterizer opacity compensation (Mip-Splatting):
+    #                                   no silhouette bias, but fades sub-pixel surfels
     refine_cameras: bool = True
     # loss weights
     w_photo: float = 1.0
