@@ -1,7 +1,7 @@
 """Unknown objects -> metric meshes with Gaussian appearance (paper 4.2-5.3, app. B.2).
 
-Per object: an icosphere (642 vertices; by default its radius is 1.15 x the masks' largest
-projected extent, `fit_to_masks`; else 5 cm) is placed at the least-squares intersection
+Per object: an icosphere (642 vertices; by default its radius is 1.15 x the median over
+the masks of their largest projected extent, `fit_to_masks`; else 5 cm) is placed at the least-squares intersection
 of the camera rays through the object's mask centroids, then
 a global translation, a global log-scale (our addition: shrinks/grows the sphere in a few
 steps instead of hundreds of per-vertex moves), per-vertex deltas (connectivity fixed)
@@ -9,9 +9,9 @@ and the SplatMesh Gaussians (`render/splatmesh.py`, one free part per object) ar
 optimised with Adam (optax), jointly with small se(3) deltas of every camera
 (right-applied, optical frame, Gaussian prior). Adam moves u with deltas =
 (I + lambda L)^-1 u (`smooth_lambda`, Nicolet et al. 2021 "large steps"): smooth steps, no
-loss term. Renders use the rasterizer's Mip-Splatting opacity compensation
-(`antialiased`), so surfels seen edge-on do not widen the silhouette (docs/objects.md,
-"Silhouette bias").
+loss term. Optionally (`antialiased`, off by default) renders use the rasterizer's
+Mip-Splatting opacity compensation, so surfels seen edge-on do not widen the silhouette;
+it also fades sub-pixel surfels, which hurt the coarse rig views (docs/objects.md).
 
 Losses (weights in `ObjectConfig`, defaults documented in docs/objects.md):
 - photometric: L1 between the render (black background) and the masked observation;
@@ -68,7 +68,7 @@ class ObjectConfig:
     subdivisions: int = 3             # icosphere: 3 -> 642 vertices, 1280 faces
     init_radius_m: float = 0.05       # icosphere radius (when not fit_to_masks)
     fit_to_masks: bool = True         # radius (and view crop) from the masks' extent instead
-    fit_margin: float = 1.15          # ... x the largest projected extent of the masks
+    fit_margin: float = 1.15          # ... x the masks' projected extent (fit_quantile)
     fit_quantile: float = 0.5         # ... this quantile of the per-view extents (1: max)
     mean_per_face: float = 2.0        # Gaussians per face (paper 12; CPU budget here)
     min_per_face: int = 1
