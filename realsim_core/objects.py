@@ -1,8 +1,8 @@
 """Unknown objects -> metric meshes with Gaussian appearance (paper 4.2-5.3, app. B.2).
 
 Per object: an icosphere (642 vertices; by default its radius is 1.15 x the median over
-the masks of their largest projected extent, `fit_to_masks`; else 5 cm) is placed at the least-squares intersection
-of the camera rays through the object's mask centroids, then
+the masks of their largest projected extent, `fit_to_masks`; else 5 cm) is placed at the
+least-squares intersection of the camera rays through the object's mask centroids, then
 a global translation, a global log-scale (our addition: shrinks/grows the sphere in a few
 steps instead of hundreds of per-vertex moves), per-vertex deltas (connectivity fixed)
 and the SplatMesh Gaussians (`render/splatmesh.py`, one free part per object) are
