@@ -29,9 +29,12 @@ Losses (weights in `ObjectConfig`, defaults documented in docs/objects.md):
 - edge length: variance of the edge lengths (mm^2).
 
 Views are warped once into per-object *virtual cameras*: same centre, rotated to look at
-the object, square `crop_px` images with one focal length per object. A rotation about
-the centre is an exact homography, so nothing is approximated, and every view of an
-object shares one static `CameraIntrinsics` (one compile, a vmapped batch of views).
+the object, square `crop_px` images, each with the focal length at which the object fills
+its crop (`zoom_views`: a far view is upsampled instead of leaving the object on a few
+tiles, where the rasteriser's per-tile capacity keeps only the nearest Gaussians). A
+rotation about the centre is an exact homography, so nothing is approximated, and every
+view of an object shares one static `CameraIntrinsics` (one compile, a vmapped batch of
+views): a view's own focal is applied by scaling the Gaussians in its camera frame.
 
 Static model vs dynamic state (style.md): `_Static` (faces, edges, SplatMesh structure,
 virtual-view images/masks/EDTs, intrinsics) is closed over; the step is a pure jitted
@@ -81,6 +84,8 @@ class ObjectConfig:
     antialiased: bool = False         # rasterizer opacity compensation (Mip-Splatting):
     #                                   no silhouette bias, but fades sub-pixel surfels
     refine_cameras: bool = True
+    zoom_views: bool = True           # per-view focal length: the object fills every crop
+    #                                   (False: one focal for all views, <= the native one)
     # loss weights
     w_photo: float = 1.0
     w_mask: float = 1.0
@@ -293,7 +298,7 @@ class _Static(NamedTuple):
     model: object                 # SplatMeshModel
     base_vertices: np.ndarray     # [V, 3] icosphere, object frame
     edges: np.ndarray             # [E, 2]
-    intr: CameraIntrinsics        # virtual intrinsics (shared by all views)
+    intr: CameraIntrinsics        # virtual intrinsics (shared by all views; focal f_ref)
     T_cam0: jnp.ndarray           # [N, 4, 4] T_world_cam (starting estimate)
     R_cv: jnp.ndarray             # [N, 4, 4] T_cam_virtual (pure rotation)
     cam_index: jnp.ndarray        # [N] physical camera of each view
@@ -305,6 +310,7 @@ class _Static(NamedTuple):
     n_cameras: int
     log_scale_max: jnp.ndarray | None = None  # [G, 2] upper bound of params["log_scales"]
     smooth: jnp.ndarray | None = None  # [V, V] (I + lambda L)^-1: deltas = smooth @ u
+    zoom: jnp.ndarray | None = None  # [N] focal of each view / intr's (None: all 1)
 
 
 def _select_views(views: list[View], max_views: int) -> list[View]:
@@ -353,9 +359,13 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
                   radius: float | None = None):
     """Virtual views of one object around `centre` -> (_Static fields dict, vintr).
 
-    radius: the starting icosphere's radius (m; default cfg.init_radius_m); the virtual
-    focal length keeps a sphere of max(radius, 1.3 x the masks' equivalent radius) inside
-    90 % of every view.
+    radius: the starting icosphere's radius (m; default cfg.init_radius_m). With
+    `cfg.zoom_views` every view gets its own focal length, so that a sphere of
+    r_fit = max(radius, 1.3 x the masks' equivalent radius) fills 90 % of its crop (a far
+    view is upsampled rather than left with the object on a few tiles, where the
+    rasteriser's per-tile capacity cuts off all but the nearest Gaussians); `vintr` then
+    has the median focal and `fields["zoom"]` [N] each view's focal / that one. Without
+    it, one focal length, <= the native one, keeps r_fit inside 90 % of the nearest view.
     """
     S = cfg.crop_px
     radius = cfg.init_radius_m if radius is None else radius
@@ -368,20 +378,26 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
         radii.append(math.sqrt(area / math.pi) * dists[-1] / v.intrinsics.fx)
     r_obj = float(np.median(radii))
     r_fit = max(radius, 1.3 * r_obj)
-    f_native = min(v.intrinsics.fx for v in views)
-    f = min(f_native, 0.9 * (S / 2) * min(dists) / r_fit)
-    vintr = CameraIntrinsics(S, S, f, f, (S - 1) / 2.0, (S - 1) / 2.0)
+    c = (S - 1) / 2.0
+    if cfg.zoom_views:
+        focal = 0.9 * (S / 2) * np.asarray(dists) / r_fit
+        f = float(np.median(focal))
+    else:
+        f = min(min(v.intrinsics.fx for v in views), 0.9 * (S / 2) * min(dists) / r_fit)
+        focal = np.full(len(views), f)
+    vintr = CameraIntrinsics(S, S, f, f, c, c)
     imgs, masks, edts, valid, Tc, Rv, cams, norms = [], [], [], [], [], [], [], []
-    for v in views:
+    for v, fv in zip(views, focal):
         intr = v.intrinsics
+        vi = CameraIntrinsics(S, S, float(fv), float(fv), c, c)
         p = v.T_world_cam[:3, :3].T @ (centre - v.T_world_cam[:3, 3])
         R = look_at_rotation(p)
         img = np.asarray(v.image, np.float64)
         if img.max() > 1.5:
             img = img / 255.0
         m = np.asarray(v.mask, np.float64)
-        wimg, inside = warp_to_virtual(img * m[..., None], intr, R, vintr)
-        wm, _ = warp_to_virtual(m, intr, R, vintr)
+        wimg, inside = warp_to_virtual(img * m[..., None], intr, R, vi)
+        wm, _ = warp_to_virtual(m, intr, R, vi)
         wm = np.clip(wm[..., 0], 0.0, 1.0)
         imgs.append(wimg)
         masks.append(wm)
@@ -393,14 +409,15 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
         Rv.append(T)
         cams.append(v.camera)
         if v.normals is not None:
-            wn, _ = warp_to_virtual(v.normals, intr, R, vintr)
+            wn, _ = warp_to_virtual(v.normals, intr, R, vi)
             norms.append(wn @ R)  # camera frame -> virtual camera frame
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     fields = dict(
         T_cam0=f32(np.stack(Tc)), R_cv=f32(np.stack(Rv)),
         cam_index=jnp.asarray(cams, jnp.int32), images=f32(np.stack(imgs)),
         masks=f32(np.stack(masks)), edt=f32(np.stack(edts)), valid=f32(np.stack(valid)),
-        normals=f32(np.stack(norms)) if len(norms) == len(views) else None)
+        normals=f32(np.stack(norms)) if len(norms) == len(views) else None,
+        zoom=f32(focal / f) if cfg.zoom_views else None)
     return fields, vintr
 
 
@@ -501,22 +518,36 @@ def view_poses(static: _Static, params, idx):
 
 
 def render_views(static: _Static, params, idx, cfg: ObjectConfig, intr=None):
-    """Render views idx [B] -> (rgb [B, S, S, 3], alpha [B, S, S], normals [B, S, S, 3])."""
+    """Render views idx [B] -> (rgb [B, S, S, 3], alpha [B, S, S], normals [B, S, S, 3]).
+
+    A view with zoom z (`static.zoom`) is rendered with focal z x intr's: the rasteriser's
+    intrinsics are static, so the Gaussians are moved into the view's camera frame and
+    scaled by diag(z, z, 1) there (means and covariances: u = f z x / z_c is exact, and so
+    is the EWA Jacobian), then rendered from the identity pose.
+    """
     from realsim_core.render import rasterize
 
     g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale)
     poses = view_poses(static, params, idx)
     intr = static.intr if intr is None else intr
+    zoom = (jnp.ones(idx.shape, g.means.dtype) if static.zoom is None
+            else static.zoom[idx])
+    eye = jnp.eye(4, dtype=g.means.dtype)
 
-    def one(pose):
-        n_cam = g.normals @ pose[:3, :3]  # world -> virtual camera frame
-        out = rasterize(g.means, None, None, g.opacities, g.sh, pose, intr,
-                        covars=g.covars, sh_degree=0, features=n_cam,
+    def one(pose, z):
+        R = pose[:3, :3]
+        n_cam = g.normals @ R  # world -> virtual camera frame
+        s = jnp.stack([z, z, jnp.ones_like(z)])
+        A = R * s[None, :]  # x_view = A^T (x_world - t)
+        means = (g.means - pose[:3, 3]) @ A
+        covars = jnp.swapaxes(A, 0, 1)[None] @ g.covars @ A[None]
+        out = rasterize(means, None, None, g.opacities, g.sh, eye, intr,
+                        covars=covars, sh_degree=0, features=n_cam,
                         background=jnp.zeros(3, g.means.dtype), tile_size=cfg.tile_size,
                         capacity=cfg.capacity, antialiased=cfg.antialiased)
         return out.rgb, out.alpha, out.features
 
-    return jax.vmap(one)(poses)
+    return jax.vmap(one)(poses, zoom)
 
 
 def loss_terms(static: _Static, params, idx, cfg: ObjectConfig) -> dict:
