@@ -423,7 +423,7 @@ def truth_session(root, frames: int, res, n_objects: int = 4, seed: int = 0,
     intr = {c.name: intrinsics_from_fovy(w, h, camera_fovy_deg(c.intrinsics))
             for c in rig.cameras}
     cfg = C.CalibrationConfig().replace(levels=(1,), cycles_per_level=(1,))
-    gauss = C.rig_gaussians(model, 6000)
+    gauss = C.rig_gaussians(model, 6000, near_bodies=C.mount_subtree_bodies(rig, model))
     session = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=frames)
     for k in range(frames):
         session.add_frame({c: imgs0[c][k] for c in imgs0}, sim.q_measured[sim.image_index[k]],

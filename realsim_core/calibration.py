@@ -87,9 +87,13 @@ class CalibrationConfig:
     holdout_fraction: float = 0.2
     tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md
     capacity: int = 128                          # Gaussians per tile (nearest kept)
+    cull_backfaces: bool = True                  # surfels facing away take no tile slots
+    dilation: str = "add"                        # rasteriser low-pass: "add" or "clamp"
     seed: int = 0
 
     def __post_init__(self):
+        if self.dilation not in ("add", "clamp"):
+            raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
         if self.flat_fixed_cameras not in ("keep", "discard"):
             raise RealsimError("flat_fixed_cameras must be 'keep' or 'discard', got "
                                f"{self.flat_fixed_cameras!r}")
@@ -167,6 +171,8 @@ class _Static(NamedTuple):
     capacity: int = 64
     n_parts: int = 1
     flat_levels: int = 0                    # levels < this render flat per-geom colours
+    cull_backfaces: bool = False
+    dilation: str = "add"
 
 
 class Buffers(NamedTuple):
@@ -251,7 +257,9 @@ def render_batch(static: _Static, params, q, corr, level: int):
         def one(m, qu, pose, bg, intr=intr):
             return rasterize(m, qu, static.gauss.scales, opac, colors, pose, intr,
                              background=bg, tile_size=static.tile_size,
-                             capacity=static.capacity).rgb
+                             capacity=static.capacity,
+                             cull_backfaces=static.cull_backfaces,
+                             dilation=static.dilation).rgb
 
         # [B, k] renders: frames x cameras of this group, one trace
         per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0)), in_axes=(0, 0, 0, None))(
@@ -357,7 +365,8 @@ class CalibrationSession:
         g = RigGaussians(*(jnp.asarray(a) for a in gaussians._replace(part=part.astype(np.int32))))
         self.static = _Static(km, g, tuple(levels), cam_w, col_w, self.cfg.tile_size,
                               self.cfg.capacity, int(part.max()) + 1,
-                              int(self.cfg.flat_colour_levels))
+                              int(self.cfg.flat_colour_levels), bool(self.cfg.cull_backfaces),
+                              str(self.cfg.dilation))
         J = len(km.joint_names)
         self.nominal = kinematics.zero_params(km)
         self.params = {
@@ -917,33 +926,97 @@ __all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "render_ba
 
 
 # ----------------------------------------------------------------------------- known scene
+def _bisect_to_size(tri: np.ndarray, max_edge: float) -> np.ndarray:
+    """Split triangles [F, 3, 3] at their longest edge's midpoint until no edge > max_edge.
+
+    Returns a triangle soup with the winding kept. Bisection splits only the edges that are
+    too long; midpoint subdivision into four also splits the short edges of a sliver (a
+    tessellated cylinder's side), which gives more, thinner triangles (a 250 x 16 mm
+    sliver pair to 1 cm: 492 triangles against 648).
+    """
+    tri = np.asarray(tri, np.float64)
+    for _ in range(64):
+        length = np.linalg.norm(tri[:, [2, 0, 1]] - tri[:, [1, 2, 0]], axis=-1)  # opposite v_i
+        k = np.argmax(length, axis=1)
+        split = length[np.arange(len(tri)), k] > max_edge
+        if not split.any():
+            return tri
+        t, k = tri[split], k[split]
+        r = np.arange(len(t))
+        a, b, c = t[r, k], t[r, (k + 1) % 3], t[r, (k + 2) % 3]
+        m = 0.5 * (b + c)
+        tri = np.concatenate([tri[~split], np.stack([a, b, m], 1), np.stack([a, m, c], 1)])
+    raise RealsimError(f"triangle bisection did not reach {max_edge} m in 64 rounds")
+
+
+def mount_subtree_bodies(rig: Rig, model) -> tuple[int, ...]:
+    """Body ids that move with a mounted (wrist) camera: its mount body and all below it.
+
+    These surfaces (gripper, fingers) are seen a few centimetres from the wrist lenses, so
+    they need a much finer Gaussian spacing than the links seen by the fixed cameras.
+    """
+    import mujoco
+
+    parent = np.asarray(model.body_parentid)
+    out = set()
+    for c in rig.mounted_cameras:
+        root = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, c.mount)
+        if root < 0:
+            continue
+        for b in range(model.nbody):
+            x = b
+            while x > 0 and x != root:
+                x = int(parent[x])
+            if x == root:
+                out.add(b)
+    return tuple(sorted(out))
+
+
 def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: float = 1.5,
                   opacity: float = 0.95, static_density: float = 0.25,
-                  floor_density: float = 0.03, spacing_scale: float = 0.6) -> RigGaussians:
+                  floor_density: float = 0.03, spacing_scale: float = 0.6,
+                  layout: str = "faces", std_scale: float = 1.3,
+                  near_bodies: tuple[int, ...] = (), near_density: float = 8.0) -> RigGaussians:
     """Surfel Gaussians on every visible geom of `model` (body frames), for calibration.
 
     Geometry comes from `render.splatmesh.parts_from_mujoco` (meshes as they are,
-    primitives tessellated). Gaussians are spread uniformly over each body class's surface
-    with relative densities: moving bodies 1 (the links carry the joint-offset signal),
-    other static bodies `static_density`, the world body (floor) `floor_density`; the
-    n_gaussians budget is shared accordingly. Static faces that point down (nz < -0.1 at
-    the model's rest pose) are skipped: every camera of the rig is above the table.
-    Planes are clipped to +-max_extent_m. Each Gaussian is a surfel (normal scale float32
-    eps) with in-plane std `spacing_scale` x the local sample spacing, colour from the
-    geom/material RGBA (textures are learned by the colour steps).
+    primitives tessellated), with outward face normals. The n_gaussians budget is shared by
+    surface area with relative densities: moving bodies 1 (the links carry the
+    joint-offset signal), `near_bodies` `near_density` (what a wrist camera sees from a
+    few cm: see `mount_subtree_bodies`), other static bodies `static_density`, the world
+    body (floor) `floor_density`. Static faces that point down (nz < -0.1 at the model's
+    rest pose) are skipped: every camera of the rig is above the table. Planes are
+    clipped to +-max_extent_m. Each Gaussian is a surfel (normal scale float32 eps, z axis
+    along the outward normal), colour from the geom/material RGBA (textures are learned by
+    the colour steps).
+
+    layout "faces" (default): each mesh is subdivided until its edges are shorter than the
+    spacing its density asks for, and every triangle gets one Gaussian at its centroid
+    whose in-plane covariance is the triangle's (uniform distribution: sum of the vertex
+    offsets' outer products / 12), std x `std_scale`. The half-alpha contour then stays
+    inside the triangle, so silhouettes are not fattened by a Gaussian reaching past a
+    mesh edge, and the triangles tile the surface without holes.
+    layout "random" (until 2026-12-01): uniform random points, isotropic in-plane std
+    `spacing_scale` x the local spacing; those Gaussians reach past edges (silhouettes
+    ~1 px fatter at 212x120) and leave random holes.
     """
     import mujoco
     import trimesh
 
     from realsim_core.render.splatmesh import parts_from_mujoco
 
+    if layout not in ("faces", "random"):
+        raise RealsimError(f"rig_gaussians: layout must be 'faces' or 'random', got {layout!r}")
     rng = np.random.default_rng(seed)
     data = mujoco.MjData(model)
     mujoco.mj_kinematics(model, data)
+    near = set(int(b) for b in near_bodies)
     parts = []
     for part in parts_from_mujoco(model, plane_extent=max_extent_m,
                                   max_plane_extent=max_extent_m):
         mesh = trimesh.Trimesh(part.vertices, part.faces, process=False)
+        if mesh.is_watertight:
+            trimesh.repair.fix_normals(mesh)      # consistent, outward winding
         static = int(model.body_weldid[part.body]) == 0
         if static:   # drop faces that point down in the world
             R = data.xmat[part.body].reshape(3, 3) @ part.local_pose[:3, :3]
@@ -954,24 +1027,23 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
         if mesh.area <= 0:
             continue
         density = 1.0 if not static else (floor_density if part.body == 0 else static_density)
+        if part.body in near:
+            density *= near_density
         parts.append((part, mesh, density))
     if not parts:
         raise RealsimError("the model has no visible geoms to calibrate against")
-    weighted = np.array([m.area * d for _, m, d in parts])
-    counts = np.maximum(4, np.round(n_gaussians * weighted / weighted.sum())).astype(int)
     bodies, means, quats, scales, colors, part_ids = [], [], [], [], [], []
-    for pi, ((part, mesh, _), n) in enumerate(zip(parts, counts)):
-        pts, fidx = trimesh.sample.sample_surface(mesh, int(n), seed=int(rng.integers(1 << 31)))
+
+    def add(pi, part, p_body, zaxis, xaxis, sx, sy):
         T = part.local_pose
-        p_body = pts @ T[:3, :3].T + T[:3, 3]
-        zaxis = mesh.face_normals[fidx] @ T[:3, :3].T          # surfel z along the normal
+        p_body = p_body @ T[:3, :3].T + T[:3, 3]
+        zaxis = zaxis @ T[:3, :3].T                  # surfel z along the outward normal
         zaxis /= np.linalg.norm(zaxis, axis=1, keepdims=True)
-        ref = np.where(np.abs(zaxis[:, :1]) < 0.9, [[1.0, 0, 0]], [[0, 1.0, 0]])
-        xaxis = np.cross(ref, zaxis)
+        xaxis = xaxis @ T[:3, :3].T
+        xaxis -= np.sum(xaxis * zaxis, 1, keepdims=True) * zaxis
         xaxis /= np.linalg.norm(xaxis, axis=1, keepdims=True)
         Rs = np.stack([xaxis, np.cross(zaxis, xaxis), zaxis], -1)
-        s_plane = spacing_scale * np.sqrt(mesh.area / n)
-        bodies.append(np.full(len(pts), part.body, np.int32))
+        bodies.append(np.full(len(p_body), part.body, np.int32))
         # flat-colour groups: one per geom and dominant normal direction (+-x, +-y, +-z
         # in the body frame), so a box's faces keep their different shading
         axis = np.argmax(np.abs(zaxis), axis=1)
@@ -979,9 +1051,48 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
         part_ids.append((6 * pi + 2 * axis + side).astype(np.int32))
         means.append(p_body)
         quats.append(np.stack([matrix_to_quat_xyzw(r) for r in Rs]))
-        scales.append(np.tile([s_plane, s_plane, float(np.finfo(np.float32).eps)],
-                              (len(pts), 1)))
-        colors.append(np.tile(part.rgb[:3], (len(pts), 1)))
+        scales.append(np.stack([sx, sy, np.full(len(p_body), np.finfo(np.float32).eps)], 1))
+        colors.append(np.tile(part.rgb[:3], (len(p_body), 1)))
+
+    if layout == "random":
+        weighted = np.array([m.area * d for _, m, d in parts])
+        counts = np.maximum(4, np.round(n_gaussians * weighted / weighted.sum())).astype(int)
+        for pi, ((part, mesh, _), n) in enumerate(zip(parts, counts)):
+            pts, fidx = trimesh.sample.sample_surface(mesh, int(n),
+                                                      seed=int(rng.integers(1 << 31)))
+            zaxis = mesh.face_normals[fidx]
+            ref = np.where(np.abs(zaxis[:, :1]) < 0.9, [[1.0, 0, 0]], [[0, 1.0, 0]])
+            s_plane = np.full(len(pts), spacing_scale * np.sqrt(mesh.area / n))
+            add(pi, part, pts, zaxis, np.cross(ref, zaxis), s_plane, s_plane)
+    else:
+        weighted_area = sum(m.area * d for _, m, d in parts)
+
+        soups = [np.asarray(m.vertices, np.float64)[np.asarray(m.faces)] for _, m, _ in parts]
+        # longest-edge bisection leaves triangles of ~0.35 e^2 for a max edge e (faces
+        # already smaller keep their native tessellation); a few
+        # rescalings of e bring the face count within 10 % of the budget
+        edge = float(np.sqrt(0.35 * weighted_area / n_gaussians))
+        for _ in range(8):
+            tris = [_bisect_to_size(t, edge / np.sqrt(d)) for t, (_, _, d) in zip(soups, parts)]
+            count = sum(len(t) for t in tris)
+            if abs(count / n_gaussians - 1.0) < 0.1:
+                break
+            edge *= float(np.sqrt(count / n_gaussians))
+        for pi, ((part, _, _), tri) in enumerate(zip(parts, tris)):
+            normal = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+            area2 = np.linalg.norm(normal, axis=1)
+            ok = area2 > 1e-12 * max(float(area2.max()), 1e-30)
+            tri, normal = tri[ok], normal[ok] / area2[ok, None]
+            centroid = tri.mean(1)
+            off = tri - centroid[:, None]
+            cov = np.einsum("fki,fkj->fij", off, off) / 12.0             # uniform triangle
+            _, vecs = np.linalg.eigh(cov)
+            x = vecs[:, :, 2] - np.sum(vecs[:, :, 2] * normal, 1, keepdims=True) * normal
+            x /= np.linalg.norm(x, axis=1, keepdims=True)
+            y = np.cross(normal, x)
+            sx = np.sqrt(np.maximum(np.einsum("fi,fij,fj->f", x, cov, x), 1e-14))
+            sy = np.sqrt(np.maximum(np.einsum("fi,fij,fj->f", y, cov, y), 1e-14))
+            add(pi, part, centroid, normal, x, std_scale * sx, std_scale * sy)
     cat = np.concatenate
     n_all = sum(len(b) for b in bodies)
     return RigGaussians(

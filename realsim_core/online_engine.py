@@ -33,7 +33,12 @@ from dataclasses import fields
 
 import numpy as np
 
-from realsim_core.calibration import CalibrationConfig, CalibrationSession, rig_gaussians
+from realsim_core.calibration import (
+    CalibrationConfig,
+    CalibrationSession,
+    mount_subtree_bodies,
+    rig_gaussians,
+)
 from realsim_core.calibration_io import Calibration
 from realsim_core.errors import RealsimError
 from realsim_core.online import DriftDetector
@@ -219,7 +224,8 @@ class SessionEstimator:
 
         enable_compilation_cache()  # the node process: same XLA cache as the CLI
         model = load_mjmodel(self.rig)
-        gauss = rig_gaussians(model, self.n_gaussians, seed=self.cfg.seed)
+        gauss = rig_gaussians(model, self.n_gaussians, seed=self.cfg.seed,
+                              near_bodies=mount_subtree_bodies(self.rig, model))
         s = CalibrationSession(self.rig, model, intrinsics, gauss, self.cfg,
                                max_frames=self.max_frames)
         s.set_start(dict(self._start.joint_offsets),

@@ -210,3 +210,21 @@ def test_antialiased_fades_thin_gaussians_and_keeps_wide_ones():
                                                   jnp.eye(4), INTR, antialiased=True).rgb),
                  argnums=(0, 1))(s["means"], s["scales"])
     assert all(bool(jnp.all(jnp.isfinite(x))) and float(jnp.abs(x).sum()) > 0 for x in g)
+
+
+def test_cull_backfaces_drops_surfels_facing_away():
+    """A surfel whose normal (local z) points away from the camera centre is not drawn."""
+    def surfel(quat, **kw):
+        return rasterize(jnp.asarray([[0.0, 0.0, 1.0]]), jnp.asarray([quat], jnp.float32),
+                         jnp.asarray([[0.05, 0.05, 1e-7]]), jnp.asarray([0.9]),
+                         jnp.ones((1, 3)), jnp.eye(4), INTR, **kw).alpha
+
+    towards = [1.0, 0.0, 0.0, 0.0]       # 180 deg about x: normal -z, towards the camera
+    away = [0.0, 0.0, 0.0, 1.0]          # identity: normal +z, away from the camera
+    plain = float(surfel(away).max())
+    assert plain > 0.85                                 # two-sided without culling
+    assert float(surfel(towards, cull_backfaces=True).max()) == pytest.approx(plain, abs=1e-6)
+    assert float(surfel(away, cull_backfaces=True).max()) == 0.0
+    with pytest.raises(ValueError, match="needs quats"):
+        rasterize(jnp.zeros((1, 3)), None, None, jnp.ones(1), jnp.ones((1, 3)), jnp.eye(4),
+                  INTR, covars=jnp.eye(3)[None] * 1e-4, cull_backfaces=True)

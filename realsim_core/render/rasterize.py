@@ -96,12 +96,17 @@ def covariance_from_quat_scale(quats, scales):
 
 
 def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: float = 0.01,
-            antialiased: bool = False):
+            antialiased: bool = False, normals=None, dilation: str = "add"):
     """EWA projection of 3D Gaussians into a pinhole camera.
 
     means: [N, 3] metres (world); covars: [N, 3, 3] m^2 (world); opacities: [N] in [0, 1];
     cam_pose: [4, 4] T_world_cam. Returns `Projected`. antialiased: opacity x
     sqrt(det(Sigma2d without dilation) / det(Sigma2d)) (Mip-Splatting compensation).
+    normals: optional [N, 3] world normals; a Gaussian whose normal points away from the
+    camera centre is culled (back faces of closed, opaque surfel meshes).
+    dilation: "add" (3DGS: Sigma2d + 0.3 px^2 I) or "clamp" (raise only the minor axis to
+    0.3 px^2: footprints wider than the filter keep their true size, so a mesh of small
+    surfels is not fattened by ~0.5 px; edge-on surfels still get the filter's width).
     """
     rot = cam_pose[:3, :3]
     p = (means - cam_pose[:3, 3]) @ rot  # R^T (m - t): [N, 3] camera frame
@@ -118,15 +123,34 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
          jnp.stack([zero, intr.fy / zs, -intr.fy * ty / (zs * zs)], -1)], -2)  # [N, 2, 3]
     m = jac @ rot.T  # J W with W = R^T
     cov2d = m @ covars @ jnp.swapaxes(m, -1, -2)
-    a = cov2d[:, 0, 0] + DILATION_PX2
-    b = cov2d[:, 0, 1]
-    c = cov2d[:, 1, 1] + DILATION_PX2
+    if dilation == "clamp":
+        a0, b, c0 = cov2d[:, 0, 0], cov2d[:, 0, 1], cov2d[:, 1, 1]
+        half = 0.5 * (a0 - c0)
+        r2 = half * half + b * b
+        r = jnp.sqrt(jnp.where(r2 > 1e-12, r2, 1.0))
+        lam_min = 0.5 * (a0 + c0) - jnp.where(r2 > 1e-12, r, 0.0)
+        lift = jnp.maximum(DILATION_PX2 - lam_min, 0.0)
+        # minor-axis projector v v^T = (lam_max I - Sigma) / (lam_max - lam_min); for an
+        # isotropic footprint (r = 0) every direction is minor: add lift x I
+        aniso = r2 > 1e-12
+        pa = jnp.where(aniso, (r - half) / (2.0 * r), 1.0)
+        pb = jnp.where(aniso, -b / (2.0 * r), 0.0)
+        pc = jnp.where(aniso, (r + half) / (2.0 * r), 1.0)
+        a, b, c = a0 + lift * pa, b + lift * pb, c0 + lift * pc
+    elif dilation == "add":
+        a = cov2d[:, 0, 0] + DILATION_PX2
+        b = cov2d[:, 0, 1]
+        c = cov2d[:, 1, 1] + DILATION_PX2
+    else:
+        raise ValueError(f"dilation must be 'add' or 'clamp', got {dilation!r}")
     det = a * c - b * b
     if antialiased:
-        det_raw = cov2d[:, 0, 0] * cov2d[:, 1, 1] - b * b
+        det_raw = cov2d[:, 0, 0] * cov2d[:, 1, 1] - cov2d[:, 0, 1] ** 2
         ratio = jnp.clip(det_raw / jnp.where(det > 0.0, det, 1.0), 1e-12, 1.0)
         opacities = opacities * jnp.sqrt(ratio)
     ok = in_front & (det > 0.0) & (opacities > ALPHA_MIN)
+    if normals is not None:
+        ok = ok & (jnp.sum(normals * (cam_pose[:3, 3] - means), -1) > 0.0)
     inv_det = 1.0 / jnp.where(ok, det, 1.0)
     conic = jnp.stack([c * inv_det, -b * inv_det, a * inv_det], -1)
     mean2d = jnp.stack([intr.fx * x / zs + intr.cx, intr.fy * y / zs + intr.cy], -1)
@@ -410,6 +434,8 @@ def rasterize(
     near: float = 0.01,
     backend: str = "jax",
     antialiased: bool = False,
+    cull_backfaces: bool = False,
+    dilation: str = "add",
 ) -> RenderOutput:
     """Render 3D Gaussians into one pinhole camera (differentiable in every array input).
 
@@ -428,11 +454,19 @@ def rasterize(
     near: metres; Gaussians closer than this are culled.
     antialiased: Mip-Splatting opacity compensation of the 0.3 px^2 dilation (static; jax
     backend only): default off, the 3DGS "classic" rule.
+    cull_backfaces: drop Gaussians whose local z axis (the surfel normal, from `quats`)
+    points away from the camera (static; jax backend; needs quats). For closed meshes
+    with outward normals: the hidden back layer then takes no tile slots.
+    dilation: "add" (3DGS, default) or "clamp" (minor axis raised to the filter only; see
+    `project`). Static; jax backend.
     backend: "jax" (this file, any device) or "gsplat" (CUDA + torch + gsplat).
     """
+    if cull_backfaces and (covars is not None or quats is None):
+        raise ValueError("cull_backfaces needs quats (the surfel normals), not covars")
     if backend == "gsplat":
-        if antialiased:
-            raise ValueError("antialiased=True is implemented for the jax backend only")
+        if antialiased or cull_backfaces or dilation != "add":
+            raise ValueError("antialiased/cull_backfaces are implemented for the jax backend "
+                             "only")
         from realsim_core.render.gsplat_backend import rasterize_gsplat
 
         return rasterize_gsplat(
@@ -443,20 +477,26 @@ def rasterize(
     return _rasterize_jax(
         means, quats, scales, opacities, colors, cam_pose, features, background, covars,
         intrinsics=intrinsics, sh_degree=sh_degree, tile_size=tile_size, capacity=capacity,
-        max_pairs=max_pairs, near=near, antialiased=antialiased)
+        max_pairs=max_pairs, near=near, antialiased=antialiased, cull_backfaces=cull_backfaces,
+        dilation=dilation)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "intrinsics", "sh_degree", "tile_size", "capacity", "max_pairs", "near", "antialiased"))
+    "intrinsics", "sh_degree", "tile_size", "capacity", "max_pairs", "near", "antialiased",
+    "cull_backfaces", "dilation"))
 def _rasterize_jax(means, quats, scales, opacities, colors, cam_pose, features, background,
                    covars, *, intrinsics, sh_degree, tile_size, capacity, max_pairs, near,
-                   antialiased=False):
+                   antialiased=False, cull_backfaces=False, dilation="add"):
     _check_shapes(means, opacities, colors, features, sh_degree)
     n = means.shape[0]
     dtype = means.dtype
+    normals = None
+    if cull_backfaces:
+        normals = jax.lax.stop_gradient(quat_xyzw_to_matrix(quats)[:, :, 2])
     if covars is None:
         covars = covariance_from_quat_scale(quats, scales)
-    proj = project(means, covars, opacities, cam_pose, intrinsics, near, antialiased)
+    proj = project(means, covars, opacities, cam_pose, intrinsics, near, antialiased, normals,
+                   dilation)
     if proj.opacity is not None:
         opacities = proj.opacity
     if sh_degree is not None:
