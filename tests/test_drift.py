@@ -122,8 +122,9 @@ def test_engine_flags_a_bumped_camera_and_reopens_it():
           for _ in range(11)]
     # targets by a reference session with the estimator's shapes and initial appearance:
     # the nominal scene (the estimate's start), then cam_low bumped 15 mm / ~1.6 deg
-    ref = C.CalibrationSession(rig, model, intr, C.rig_gaussians(model, N_GAUSS, seed=0),
-                               cfg, max_frames=N_FRAMES)
+    gauss = C.rig_gaussians(model, N_GAUSS, seed=0,
+                            near_bodies=C.mount_subtree_bodies(rig, model))
+    ref = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=N_FRAMES)
     truth = dict(ref.params)
     bumped = dict(truth)
     ci = [c.name for c in rig.fixed_cameras].index("cam_low")

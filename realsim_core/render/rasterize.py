@@ -104,9 +104,9 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
     sqrt(det(Sigma2d without dilation) / det(Sigma2d)) (Mip-Splatting compensation).
     normals: optional [N, 3] world normals; a Gaussian whose normal points away from the
     camera centre is culled (back faces of closed, opaque surfel meshes).
-    dilation: "add" (3DGS: Sigma2d + 0.3 px^2 I) or "clamp" (raise only the minor axis to
-    0.3 px^2: footprints wider than the filter keep their true size, so a mesh of small
-    surfels is not fattened by ~0.5 px; edge-on surfels still get the filter's width).
+    dilation: "add" (3DGS: Sigma2d + 0.3 px^2 I) or "clamp" (raise each principal variance
+    to at least 0.3 px^2: footprints wider than the filter keep their true size, so a mesh
+    of small surfels is not fattened by ~0.5 px; edge-on surfels still get its width).
     """
     rot = cam_pose[:3, :3]
     p = (means - cam_pose[:3, 3]) @ rot  # R^T (m - t): [N, 3] camera frame
@@ -128,15 +128,18 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
         half = 0.5 * (a0 - c0)
         r2 = half * half + b * b
         r = jnp.sqrt(jnp.where(r2 > 1e-12, r2, 1.0))
-        lam_min = 0.5 * (a0 + c0) - jnp.where(r2 > 1e-12, r, 0.0)
-        lift = jnp.maximum(DILATION_PX2 - lam_min, 0.0)
-        # minor-axis projector v v^T = (lam_max I - Sigma) / (lam_max - lam_min); for an
-        # isotropic footprint (r = 0) every direction is minor: add lift x I
+        rr = jnp.where(r2 > 1e-12, r, 0.0)
+        lift_min = jnp.maximum(DILATION_PX2 - (0.5 * (a0 + c0) - rr), 0.0)
+        lift_max = jnp.maximum(DILATION_PX2 - (0.5 * (a0 + c0) + rr), 0.0)
+        # minor-axis projector P = v v^T = (lam_max I - Sigma) / (lam_max - lam_min), major
+        # I - P; for an isotropic footprint (r = 0) every direction is minor (P = I)
         aniso = r2 > 1e-12
         pa = jnp.where(aniso, (r - half) / (2.0 * r), 1.0)
         pb = jnp.where(aniso, -b / (2.0 * r), 0.0)
         pc = jnp.where(aniso, (r + half) / (2.0 * r), 1.0)
-        a, b, c = a0 + lift * pa, b + lift * pb, c0 + lift * pc
+        a = a0 + lift_min * pa + lift_max * (1.0 - pa)
+        b = b + (lift_min - lift_max) * pb
+        c = c0 + lift_min * pc + lift_max * (1.0 - pc)
     elif dilation == "add":
         a = cov2d[:, 0, 0] + DILATION_PX2
         b = cov2d[:, 0, 1]
@@ -457,7 +460,7 @@ def rasterize(
     cull_backfaces: drop Gaussians whose local z axis (the surfel normal, from `quats`)
     points away from the camera (static; jax backend; needs quats). For closed meshes
     with outward normals: the hidden back layer then takes no tile slots.
-    dilation: "add" (3DGS, default) or "clamp" (minor axis raised to the filter only; see
+    dilation: "add" (3DGS, default) or "clamp" (principal variances raised to the filter; see
     `project`). Static; jax backend.
     backend: "jax" (this file, any device) or "gsplat" (CUDA + torch + gsplat).
     """
