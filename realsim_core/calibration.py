@@ -990,12 +990,13 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
     along the outward normal), colour from the geom/material RGBA (textures are learned by
     the colour steps).
 
-    layout "faces" (default): each mesh is subdivided until its edges are shorter than the
-    spacing its density asks for, and every triangle gets one Gaussian at its centroid
-    whose in-plane covariance is the triangle's (uniform distribution: sum of the vertex
-    offsets' outer products / 12), std x `std_scale`. The half-alpha contour then stays
-    inside the triangle, so silhouettes are not fattened by a Gaussian reaching past a
-    mesh edge, and the triangles tile the surface without holes.
+    layout "faces" (default): each mesh is bisected (`_bisect_to_size`) until no edge is
+    longer than the spacing its density asks for, and every triangle gets one Gaussian at
+    its centroid whose in-plane covariance is the triangle's (uniform distribution: sum of
+    the vertex offsets' outer products / 12), std x `std_scale`. The half-alpha contour
+    then stays inside the triangle, so silhouettes are not fattened by a Gaussian reaching
+    past a mesh edge; neighbours overlap enough to cover the surface, thinly at the
+    triangles' corners (interior alpha ~0.84 on close-up fingers with back faces culled).
     layout "random" (until 2026-12-01): uniform random points, isotropic in-plane std
     `spacing_scale` x the local spacing; those Gaussians reach past edges (silhouettes
     ~1 px fatter at 212x120) and leave random holes.
