@@ -8,7 +8,9 @@ One `CalibrationSession` serves the offline CLI and the ROS node. It holds
   step functions never recompile as frames are added;
 - the parameters: pose group {joint offsets [J], fixed-camera deltas [Cf, 6],
   wrist-mount deltas [Cw, 6], per-frame corrections [F, J]} and appearance group
-  {Gaussian colours [N, 3] (logits), opacities [N] (logits)}.
+  {Gaussian colours [N, 3] (logits), opacities [N] (logits), per-camera background
+  colours, shading coefficients [2, 9] (`surfel_shading`: the lighting of the scene as a
+  function of each surfel's normal, so a link keeps its colour as it turns)}.
 
 Optimisation alternates, as the paper does: colour steps (L1, poses frozen) and pose steps
 ((1-λ) L1 + λ D-SSIM, colours frozen), with Adam from optax (`multi_transform` per group),
@@ -39,6 +41,7 @@ import optax
 
 from realsim_core import kinematics, losses
 from realsim_core.errors import RealsimError
+from realsim_core.planes import Planes, occluded_by_planes, pyramid, render_planes
 from realsim_core.render import rasterize
 from realsim_core.rig import Rig
 from realsim_core.se3 import matrix_to_quat_xyzw
@@ -89,9 +92,22 @@ class CalibrationConfig:
     capacity: int = 128                          # Gaussians per tile (nearest kept)
     cull_backfaces: bool = True                  # surfels facing away take no tile slots
     dilation: str = "add"                        # rasteriser low-pass: "add" or "clamp"
+    shading: str = "sh2"                         # learned Lambertian shading of the surfels:
+                                                 # "sh2" (order-2 irradiance SH in the world
+                                                 # and in the camera frame) or "none"
+    lr_shading: float = 1e-2                     # Adam on the shading coefficients
+    textured_planes: bool = True                 # table top / floor as ray-cast textures
+                                                 # (realsim_core.planes; the Gaussians
+                                                 # must be built with exclude_planes=True)
+    plane_texels: int = 512                      # texture side per plane (power of two)
     seed: int = 0
 
     def __post_init__(self):
+        if self.plane_texels < 4 or self.plane_texels & (self.plane_texels - 1):
+            raise RealsimError(f"plane_texels must be a power of two >= 4, got "
+                               f"{self.plane_texels}")
+        if self.shading not in ("sh2", "none"):
+            raise RealsimError(f"shading must be 'sh2' or 'none', got {self.shading!r}")
         if self.dilation not in ("add", "clamp"):
             raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
         if self.flat_fixed_cameras not in ("keep", "discard"):
@@ -173,6 +189,9 @@ class _Static(NamedTuple):
     flat_levels: int = 0                    # levels < this render flat per-geom colours
     cull_backfaces: bool = False
     dilation: str = "add"
+    shading: bool = False
+    planes: Planes | None = None            # textured planes (numpy arrays), or None
+    plane_res: int = 0
 
 
 class Buffers(NamedTuple):
@@ -235,6 +254,45 @@ def _colours(params, static: _Static | None = None, level: int = 0):
     return flat(colors), flat(opac)
 
 
+N_SHADING = 9   # order-2 real spherical harmonics (unnormalised basis below)
+
+
+def _sh2_basis(n):
+    """[..., 3] unit normals -> [..., 9] order-2 real SH basis, unnormalised.
+
+    1, x, y, z, xy, yz, xz, x^2 - y^2, 3z^2 - 1 (the coefficients absorb the constants).
+    """
+    x, y, z = n[..., 0], n[..., 1], n[..., 2]
+    return jnp.stack([jnp.ones_like(x), x, y, z, x * y, y * z, x * z, x * x - y * y,
+                      3 * z * z - 1], -1)
+
+
+def shading_init() -> jnp.ndarray:
+    """Shading coefficients [2, 9] (world, camera frame) that shade every surfel by 1."""
+    return jnp.zeros((2, N_SHADING), jnp.float32).at[0, 0].set(1.0)
+
+
+def surfel_shading(coef, quats, means, cam_pose):
+    """Lambertian shade [N] of surfels seen by one camera.
+
+    Distant light is a smooth function of the surface normal (the irradiance); order-2
+    spherical harmonics capture it to a few percent (Ramamoorthi & Hanrahan 2001). Two
+    such functions: one of the normal in the world (room lights), one of the normal in
+    the camera's frame (lights that move with the camera: MuJoCo's headlight, a ring
+    light). The surfel normal is its local z axis, turned towards the camera (a surfel
+    seen from behind shows its other side). coef [2, 9]; quats [N, 4] xyzw world;
+    means [N, 3]; cam_pose [4, 4] T_world_cam.
+    """
+    qx, qy, qz, qw = quats[:, 0], quats[:, 1], quats[:, 2], quats[:, 3]
+    n = jnp.stack([2 * (qx * qz + qw * qy), 2 * (qy * qz - qw * qx),
+                   1 - 2 * (qx * qx + qy * qy)], -1)
+    n = n / jnp.maximum(jnp.linalg.norm(n, axis=-1, keepdims=True), 1e-12)
+    facing = jnp.sum(n * (cam_pose[:3, 3] - means), -1)
+    n = n * jnp.where(facing < 0, -1.0, 1.0)[:, None]
+    n_cam = n @ cam_pose[:3, :3]                           # R^T n, camera (optical) frame
+    return _sh2_basis(n) @ coef[0] + _sh2_basis(n_cam) @ coef[1]
+
+
 def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]]:
     """Cameras with identical intrinsics share one traced (vmapped) render."""
     groups: dict[CameraIntrinsics, list[int]] = {}
@@ -249,17 +307,33 @@ def render_batch(static: _Static, params, q, corr, level: int):
                                      params["fixed_deltas"], params["mounted_deltas"])
     means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss, poses.bodies)
     colors, opac = _colours(params, static, level)
+    packed = None
+    if static.planes is not None:
+        tex = jax.nn.sigmoid(params["plane_logits"])
+        if level < static.flat_levels:      # flat levels: one colour per plane, too
+            tex = jnp.broadcast_to(tex.mean(axis=(1, 2), keepdims=True), tex.shape)
+        packed = pyramid(tex)
     out: list = [None] * len(static.intrinsics[level])
     for intr, cams in _camera_groups(static.intrinsics[level]):
         cam_idx = jnp.asarray(cams, jnp.int32)
         bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, 3]
 
         def one(m, qu, pose, bg, intr=intr):
-            return rasterize(m, qu, static.gauss.scales, opac, colors, pose, intr,
-                             background=bg, tile_size=static.tile_size,
-                             capacity=static.capacity,
-                             cull_backfaces=static.cull_backfaces,
-                             dilation=static.dilation).rgb
+            col = colors
+            if static.shading:
+                col = colors * surfel_shading(params["shading"], qu, m, pose)[:, None]
+            op = opac
+            if packed is not None:   # what a plane hides from this camera is not drawn
+                op = jnp.where(occluded_by_planes(static.planes, m, pose[:3, 3]), 0.0, opac)
+            r = rasterize(m, qu, static.gauss.scales, op, col, pose, intr,
+                          background=None if packed is not None else bg,
+                          tile_size=static.tile_size, capacity=static.capacity,
+                          cull_backfaces=static.cull_backfaces, dilation=static.dilation)
+            if packed is None:
+                return r.rgb
+            plane_rgb, hit = render_planes(static.planes, packed, static.plane_res, pose, intr)
+            behind = jnp.where(hit[..., None], plane_rgb, bg)
+            return r.rgb + (1.0 - r.alpha)[..., None] * behind
 
         # [B, k] renders: frames x cameras of this group, one trace
         per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0)), in_axes=(0, 0, 0, None))(
@@ -363,10 +437,18 @@ class CalibrationSession:
             part = np.where(still, part.max() + 1 + np.cumsum(still) - 1, part)
             part = np.unique(part, return_inverse=True)[1].ravel()
         g = RigGaussians(*(jnp.asarray(a) for a in gaussians._replace(part=part.astype(np.int32))))
+        planes = None
+        if self.cfg.textured_planes:
+            from realsim_core.planes import find_planes
+            planes = find_planes(model)
+            planes = planes if len(planes.names) else None
         self.static = _Static(km, g, tuple(levels), cam_w, col_w, self.cfg.tile_size,
                               self.cfg.capacity, int(part.max()) + 1,
                               int(self.cfg.flat_colour_levels), bool(self.cfg.cull_backfaces),
-                              str(self.cfg.dilation))
+                              str(self.cfg.dilation), self.cfg.shading != "none", planes,
+                              int(self.cfg.plane_texels))
+        R = int(self.cfg.plane_texels) if planes is not None else 1
+        plane_rgb = np.zeros((0, 3)) if planes is None else np.asarray(planes.rgb)
         J = len(km.joint_names)
         self.nominal = kinematics.zero_params(km)
         self.params = {
@@ -376,6 +458,11 @@ class CalibrationSession:
             "opacity_logits": jnp.asarray(_logit(np.asarray(gaussians.opacities)), jnp.float32),
             # what no rig geom covers (sky box, far walls): one learned colour per camera
             "background_logits": jnp.zeros((len(self.cameras), 3), jnp.float32),
+            # learned shading (surfel_shading); unused when cfg.shading == "none"
+            "shading": shading_init(),
+            # textured planes [P, R, R, 3] (logits; P = 0 without planes)
+            "plane_logits": jnp.asarray(np.broadcast_to(
+                _logit(plane_rgb)[:, None, None, :], (len(plane_rgb), R, R, 3)), jnp.float32),
         }
         self.nominal = {**self.nominal, "corrections": self.params["corrections"]}
         F = self.max_frames
@@ -420,11 +507,15 @@ class CalibrationSession:
             "corrections": (pose_adam(cfg.lr_correction) if cfg.per_frame_corrections
                             else zero()),
             "color_logits": zero(), "opacity_logits": zero(), "background_logits": zero(),
+            "shading": zero(), "plane_logits": zero(),
         }
         colour_tx = {k: zero() for k in pose_tx}
         colour_tx["color_logits"] = optax.adam(cfg.lr_colour)
         colour_tx["opacity_logits"] = optax.adam(cfg.lr_colour)
         colour_tx["background_logits"] = optax.adam(cfg.lr_colour)
+        colour_tx["plane_logits"] = optax.adam(cfg.lr_colour)
+        colour_tx["shading"] = (optax.adam(cfg.lr_shading) if cfg.shading != "none"
+                                else zero())
         labels = {k: k for k in pose_tx}
         self._pose_opt = optax.chain(optax.clip_by_global_norm(10.0),
                                      optax.multi_transform(pose_tx, labels))
@@ -632,16 +723,77 @@ class CalibrationSession:
                 col[ok] = img[vi[ok], ui[ok]]
                 cols.append(col)
         stack = np.stack(cols)                                     # [S, N, 3]
-        if not np.isfinite(stack).any():
-            return
-        with warnings.catch_warnings():  # Gaussians seen by no camera: all-NaN columns
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(stack, axis=0)
-        have = np.all(np.isfinite(med), axis=1)
-        logits = np.asarray(p["color_logits"]).copy()
-        logits[have] = _logit(med[have])
-        self.params = {**p, "color_logits": jnp.asarray(logits, jnp.float32)}
+        if np.isfinite(stack).any():
+            with warnings.catch_warnings():  # Gaussians seen by no camera: all-NaN columns
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med = np.nanmedian(stack, axis=0)
+            have = np.all(np.isfinite(med), axis=1)
+            logits = np.asarray(p["color_logits"]).copy()
+            logits[have] = _logit(med[have])
+            self.params = {**self.params, "color_logits": jnp.asarray(logits, jnp.float32)}
+        if st.planes is not None:
+            self.params = {**self.params, "plane_logits": self._plane_logits_from_frames(
+                idx, cams, level)}
         self._colour_state = self._colour_opt.init(self.params)
+
+    def init_plane_textures(self, max_frames: int = 8) -> None:
+        """Paint the plane textures from the images at the current estimate."""
+        st = self.static
+        idx = np.flatnonzero(np.asarray(self.bufs.train | self.bufs.holdout))[:max_frames]
+        if st.planes is None or idx.size == 0:
+            return
+        p = self.params
+        poses = kinematics.forward_batch_jit(st.km, self.bufs.q[idx], p["joint_offsets"],
+                                             p["corrections"][idx], p["fixed_deltas"],
+                                             p["mounted_deltas"])
+        cams = np.asarray(poses.cameras, np.float64)
+        self.params = {**p, "plane_logits": self._plane_logits_from_frames(
+            idx, cams, len(self.cfg.levels) - 1)}
+        self._colour_state = self._colour_opt.init(self.params)
+
+    def _plane_logits_from_frames(self, idx, cams, level: int) -> jnp.ndarray:
+        """Plane textures from the images: per texel, the median of its pixels.
+
+        Nearest pixel; views where another plane hides the texel are skipped, the robot's
+        occlusion is not (the median and the colour steps take care of it).
+        """
+        from realsim_core.planes import texel_centres
+
+        st = self.static
+        logits = np.asarray(self.params["plane_logits"]).copy()
+        for pi in range(logits.shape[0]):
+            pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
+            vals = []
+            for bi, f in enumerate(idx):
+                for c, it in enumerate(st.intrinsics[level]):
+                    if float(self.bufs.valid[f, c]) == 0:
+                        continue
+                    T = cams[bi, c]
+                    ok = ~np.asarray(occluded_by_planes(
+                        st.planes, jnp.asarray(pts + 2e-3 * np.cross(st.planes.u[pi],
+                                                                      st.planes.v[pi]),
+                                               jnp.float32), jnp.asarray(T[:3, 3], jnp.float32)))
+                    pc = (pts - T[:3, 3]) @ T[:3, :3]
+                    z = pc[:, 2]
+                    ok &= z > 0.02
+                    zs = np.where(ok, z, 1.0)
+                    ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
+                    vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
+                    ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
+                    img = np.asarray(self.bufs.images[level][c][f])
+                    col = np.full((len(pts), 3), np.nan, np.float32)
+                    col[ok] = img[vi[ok], ui[ok]]
+                    vals.append(col)
+            if not vals:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med = np.nanmedian(np.stack(vals), axis=0)
+            have = np.all(np.isfinite(med), axis=1)
+            flat = logits[pi].reshape(-1, 3)
+            flat[have] = _logit(med[have])
+            logits[pi] = flat.reshape(logits[pi].shape)
+        return jnp.asarray(logits, jnp.float32)
 
     def start(self) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it."""
@@ -746,12 +898,16 @@ class CalibrationSession:
         return mean if better else last
 
     def _unflatten_colours(self, level: int) -> None:
-        """Write the flat colours/opacities of `level` into every Gaussian (fresh moments)."""
+        """Write the flat colours/opacities of `level` into every Gaussian (fresh moments).
+
+        The plane textures are painted afresh from the images at the current estimate.
+        """
         colors, opac = _colours(self.params, self.static, level)
         self.params = {**self.params,
                        "color_logits": jnp.asarray(_logit(np.asarray(colors)), jnp.float32),
                        "opacity_logits": jnp.asarray(_logit(np.asarray(opac)), jnp.float32)}
         self._colour_state = self._colour_opt.init(self.params)
+        self.init_plane_textures()
 
     def set_start(self, joint_offsets: dict[str, float] | None = None,
                   camera_poses: dict[str, np.ndarray] | None = None) -> None:
@@ -976,7 +1132,8 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
                   opacity: float = 0.95, static_density: float = 0.25,
                   floor_density: float = 0.03, spacing_scale: float = 0.6,
                   layout: str = "faces", std_scale: float = 1.3,
-                  near_bodies: tuple[int, ...] = (), near_density: float = 8.0) -> RigGaussians:
+                  near_bodies: tuple[int, ...] = (), near_density: float = 8.0,
+                  exclude_planes: bool = True, plane_min_area: float = 0.25) -> RigGaussians:
     """Surfel Gaussians on every visible geom of `model` (body frames), for calibration.
 
     Geometry comes from `render.splatmesh.parts_from_mujoco` (meshes as they are,
@@ -988,7 +1145,9 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
     rest pose) are skipped: every camera of the rig is above the table. Planes are
     clipped to +-max_extent_m. Each Gaussian is a surfel (normal scale float32 eps, z axis
     along the outward normal), colour from the geom/material RGBA (textures are learned by
-    the colour steps).
+    the colour steps). With `exclude_planes` the large up-facing rectangles of static
+    geoms (table top, floor: `planes.find_planes` with `plane_min_area`) get no
+    Gaussians: the session renders them as textured planes.
 
     layout "faces" (default): each mesh is bisected (`_bisect_to_size`) until no edge is
     longer than the spacing its density asks for, and every triangle gets one Gaussian at
@@ -1004,6 +1163,7 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
     import mujoco
     import trimesh
 
+    from realsim_core.planes import find_planes, plane_faces
     from realsim_core.render.splatmesh import parts_from_mujoco
 
     if layout not in ("faces", "random"):
@@ -1012,6 +1172,7 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
     data = mujoco.MjData(model)
     mujoco.mj_kinematics(model, data)
     near = set(int(b) for b in near_bodies)
+    planes_all = find_planes(model, max_extent_m, plane_min_area) if exclude_planes else None
     parts = []
     for part in parts_from_mujoco(model, plane_extent=max_extent_m,
                                   max_plane_extent=max_extent_m):
@@ -1022,6 +1183,20 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
         if static:   # drop faces that point down in the world
             R = data.xmat[part.body].reshape(3, 3) @ part.local_pose[:3, :3]
             keep = (mesh.face_normals @ R.T)[:, 2] >= -0.1
+            if exclude_planes:  # ... and what `planes.find_planes` renders as a texture,
+                # and what such a plane hides from above (the table's legs, the floor
+                # under it)
+                t = (data.xpos[part.body]
+                     + data.xmat[part.body].reshape(3, 3) @ part.local_pose[:3, 3])
+                vw = np.asarray(mesh.vertices) @ R.T + t
+                on_plane, _ = plane_faces(vw, np.asarray(mesh.faces), R[:, 0], plane_min_area)
+                if on_plane is not None:
+                    keep &= ~on_plane
+                tri = vw[np.asarray(mesh.faces)]                       # [F, 3, 3]
+                for o, u, v, h in zip(*planes_all[:4]):
+                    rel = tri - o
+                    keep &= ~np.all((rel[..., 2] < -1e-3) & (np.abs(rel @ u) <= h[0])
+                                    & (np.abs(rel @ v) <= h[1]), axis=1)
             if not keep.any():
                 continue
             mesh = trimesh.Trimesh(mesh.vertices, mesh.faces[keep], process=False)

@@ -1,0 +1,222 @@
+"""Textured planes: the table top and the floor as ray-cast, mip-mapped texture images.
+
+Why: surfels on a large flat surface are either too few to show its texture (calib-std's
+table has a 4.2 cm checker; ~8,700 surfels of ~2 cm each blur it, and its edges are the
+fixed cameras' best pose cue) or too many for the tile slots. A plane is cheap to render
+exactly: intersect each pixel's ray with it, look the texture up with trilinear
+filtering (mip level from the pixel's footprint, as OpenGL does), and composite it behind
+the Gaussians. The gradient reaches the camera pose through the texture coordinates.
+
+Planes are found in the MuJoCo model (`find_planes`): the up-facing, rectangular faces of
+static geoms (box tops, plane geoms) with at least `min_area` m². Gaussians hidden from a
+camera by a plane (the table's legs, the floor under it) are dropped for that camera by
+`occluded_by_planes` (a Gaussian's centre decides).
+
+Conventions: world frame, z up; a plane is a rectangle origin + a u + b v with |a| <= half_u,
+|b| <= half_v, facing +normal (= u x v); texture [R, R, 3] with row index along v, column
+index along u, texel centres at ((i + 0.5) / R) of the extent.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from realsim_core.types import CameraIntrinsics
+
+
+class Planes(NamedTuple):
+    """P horizontal textured rectangles (arrays; `names` is static metadata)."""
+
+    origin: np.ndarray      # [P, 3] rectangle centre, world
+    u: np.ndarray           # [P, 3] unit in-plane axis (texture columns)
+    v: np.ndarray           # [P, 3] unit in-plane axis (texture rows), normal = u x v
+    half: np.ndarray        # [P, 2] half extents along u, v (m)
+    rgb: np.ndarray         # [P, 3] geom colour (initial texture)
+    names: tuple = ()
+
+    @property
+    def normal(self):
+        return np.cross(self.u, self.v)
+
+
+# ----------------------------------------------------------------------------- detection
+def plane_faces(vertices_world: np.ndarray, faces: np.ndarray, x_axis_world: np.ndarray,
+                min_area: float = 0.25, tol: float = 1e-4):
+    """Find the up-facing rectangle of one static mesh (world vertices).
+
+    Returns (face mask [F], (origin, u, v, half)) or (None, None) when the up-facing,
+    coplanar faces are smaller than `min_area` or do not form a rectangle aligned with the
+    geom's x axis (`x_axis_world`, projected onto the plane).
+    """
+    tri = vertices_world[faces]
+    n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    area2 = np.linalg.norm(n, axis=1)
+    up = (n[:, 2] > (1 - 1e-6) * area2) & (area2 > 0)
+    if not up.any():
+        return None, None
+    top = tri[up][:, :, 2].max()
+    mask = up & np.all(np.abs(tri[:, :, 2] - top) < tol, axis=1)
+    area = 0.5 * area2[mask].sum()
+    if area < min_area:
+        return None, None
+    u = np.array([x_axis_world[0], x_axis_world[1], 0.0])
+    if np.linalg.norm(u) < 1e-6:
+        u = np.array([1.0, 0.0, 0.0])
+    u /= np.linalg.norm(u)
+    v = np.cross([0.0, 0.0, 1.0], u)
+    pts = tri[mask].reshape(-1, 3)
+    a, b = pts @ u, pts @ v
+    half = 0.5 * np.array([a.max() - a.min(), b.max() - b.min()])
+    if abs(4 * half[0] * half[1] - area) > 1e-3 * area:      # not one full rectangle
+        return None, None
+    origin = 0.5 * (a.max() + a.min()) * u + 0.5 * (b.max() + b.min()) * v
+    origin[2] = top
+    return mask, (origin, u, v, half)
+
+
+def find_planes(model, max_extent_m: float = 1.5, min_area: float = 0.25) -> Planes:
+    """Textured planes of a compiled MuJoCo model (see the module docstring)."""
+    import mujoco
+
+    from realsim_core.render.splatmesh import parts_from_mujoco
+
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
+    rows = []
+    for part in parts_from_mujoco(model, plane_extent=max_extent_m,
+                                  max_plane_extent=max_extent_m):
+        if int(model.body_weldid[part.body]) != 0:
+            continue
+        T = _world_part(data, part)
+        vw = part.vertices @ T[:3, :3].T + T[:3, 3]
+        _, rect = plane_faces(vw, np.asarray(part.faces), T[:3, 0], min_area)
+        if rect is not None:
+            rows.append((*rect, np.asarray(part.rgb, np.float64), part.name))
+    if not rows:
+        return Planes(*(np.zeros((0, k)) for k in (3, 3, 3, 2, 3)), names=())
+    return Planes(*(np.stack([r[i] for r in rows]).astype(np.float32) for i in range(5)),
+                  names=tuple(r[5] for r in rows))
+
+
+def _world_part(data, part) -> np.ndarray:
+    T = np.eye(4)
+    T[:3, :3] = np.asarray(data.xmat[part.body]).reshape(3, 3)
+    T[:3, 3] = data.xpos[part.body]
+    return T @ part.local_pose
+
+
+# ----------------------------------------------------------------------------- textures
+def n_levels(res: int) -> int:
+    """Mip levels of an R x R texture down to 4 x 4."""
+    return max(1, int(np.log2(res)) - 1)
+
+
+def pyramid(tex):
+    """[P, R, R, 3] -> packed mip pyramid [P, sum_l (R/2^l)^2, 3] (2 x 2 box filter)."""
+    levels = [tex]
+    for _ in range(n_levels(tex.shape[1]) - 1):
+        t = levels[-1]
+        p, r = t.shape[0], t.shape[1] // 2
+        levels.append(t.reshape(p, r, 2, r, 2, 3).mean(axis=(2, 4)))
+    return jnp.concatenate([t.reshape(t.shape[0], -1, 3) for t in levels], axis=1)
+
+
+def _sample(packed, res: int, plane, s, t, level):
+    """Bilinear lookup at integer mip `level` [H, W] of texture coords s, t in [0, 1]."""
+    r = jnp.right_shift(res, level)                              # texels per side
+    offset = jnp.zeros_like(level)
+    for lv in range(1, n_levels(res)):                           # sum of the finer levels
+        offset = offset + jnp.where(level >= lv, (res >> (lv - 1)) ** 2, 0)
+    rf = r.astype(s.dtype)
+    x = jnp.clip(s * rf - 0.5, 0.0, rf - 1.0)
+    y = jnp.clip(t * rf - 0.5, 0.0, rf - 1.0)
+    x0 = jnp.clip(jnp.floor(x), 0, r - 1).astype(jnp.int32)
+    y0 = jnp.clip(jnp.floor(y), 0, r - 1).astype(jnp.int32)
+    x1, y1 = jnp.minimum(x0 + 1, r - 1), jnp.minimum(y0 + 1, r - 1)
+    fx, fy = (x - x0)[..., None], (y - y0)[..., None]
+    tex = packed[plane]
+
+    def at(yy, xx):
+        return tex[offset + yy * r + xx]
+
+    return ((1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1))
+            + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1)))
+
+
+def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics):
+    """Ray-cast the planes into one camera -> (rgb [H, W, 3], hit [H, W] bool).
+
+    packed: `pyramid(sigmoid(logits))` [P, L, 3]; cam_pose [4, 4] T_world_cam (optical).
+    The nearest plane in front of the camera whose rectangle the ray hits wins. Trilinear
+    filtering: the mip level is log2 of the pixel footprint along its longer axis on the
+    plane (depth / (f cos)) over the texel size.
+    """
+    H, W = intr.height, intr.width
+    dtype = cam_pose.dtype
+    ys, xs = jnp.meshgrid(jnp.arange(H, dtype=dtype), jnp.arange(W, dtype=dtype), indexing="ij")
+    d_cam = jnp.stack([(xs - intr.cx) / intr.fx, (ys - intr.cy) / intr.fy, jnp.ones_like(xs)], -1)
+    d = d_cam @ cam_pose[:3, :3].T                               # [H, W, 3] world, z_cam = 1
+    c = cam_pose[:3, 3]
+    origin, u, v, half = (jnp.asarray(a, dtype) for a in planes[:4])
+    normal = jnp.cross(u, v)
+    n_planes = origin.shape[0]
+    f = 0.5 * (intr.fx + intr.fy)
+    best_t = jnp.full((H, W), jnp.inf, dtype)
+    rgb = jnp.zeros((H, W, 3), dtype)
+    for p in range(n_planes):
+        denom = d @ normal[p]                                    # < 0: ray meets the front
+        safe = jnp.where(denom < -1e-6, denom, -1.0)
+        t = ((origin[p] - c) @ normal[p]) / safe                 # depth along the optical axis
+        x = c + t[..., None] * d
+        a, b = (x - origin[p]) @ u[p], (x - origin[p]) @ v[p]
+        hit = (denom < -1e-6) & (t > 0) & (jnp.abs(a) <= half[p, 0]) & (jnp.abs(b) <= half[p, 1])
+        s = 0.5 * (a / half[p, 0] + 1.0)
+        tt = 0.5 * (b / half[p, 1] + 1.0)
+        # footprint of one pixel on the plane (longer axis) over the texel size
+        cos = -safe / jnp.linalg.norm(d, axis=-1)
+        texel = jnp.sqrt(4 * half[p, 0] * half[p, 1]) / res
+        foot = jax.lax.stop_gradient(
+            jnp.where(hit, t * jnp.linalg.norm(d, axis=-1) / (f * jnp.maximum(cos, 0.05)), 1.0))
+        lam = jnp.clip(jnp.log2(jnp.maximum(foot / texel, 1e-6)), 0.0, n_levels(res) - 1.0)
+        l0 = jnp.floor(lam).astype(jnp.int32)
+        l1 = jnp.minimum(l0 + 1, n_levels(res) - 1)
+        w = (lam - l0)[..., None]
+        col = ((1 - w) * _sample(packed, res, p, s, tt, l0)
+               + w * _sample(packed, res, p, s, tt, l1))
+        nearer = hit & (t < best_t)
+        rgb = jnp.where(nearer[..., None], col, rgb)
+        best_t = jnp.where(nearer, t, best_t)
+    return rgb, jnp.isfinite(best_t)
+
+
+def occluded_by_planes(planes: Planes, points, cam_centre):
+    """[N] bool: the segment camera -> point crosses a plane's rectangle before the point.
+
+    Points on a plane (within 1 mm) count as not occluded.
+    """
+    dtype = points.dtype
+    origin, u, v, half = (jnp.asarray(a, dtype) for a in planes[:4])
+    normal = jnp.cross(u, v)
+    occ = jnp.zeros(points.shape[0], bool)
+    for p in range(origin.shape[0]):
+        dc = (cam_centre - origin[p]) @ normal[p]              # camera height over the plane
+        dx = (points - origin[p]) @ normal[p]                   # point height
+        cross = (dc > 0) & (dx < -1e-3)
+        s = dc / jnp.where(cross, dc - dx, 1.0)                 # fraction along the segment
+        x = cam_centre + s[:, None] * (points - cam_centre)
+        a, b = (x - origin[p]) @ u[p], (x - origin[p]) @ v[p]
+        occ = occ | (cross & (jnp.abs(a) <= half[p, 0]) & (jnp.abs(b) <= half[p, 1]))
+    return occ
+
+
+def texel_centres(planes: Planes, p: int, res: int) -> np.ndarray:
+    """World positions [R, R, 3] of plane p's finest texel centres (row = v, column = u)."""
+    g = (np.arange(res) + 0.5) / res * 2.0 - 1.0
+    a = g[None, :] * planes.half[p, 0]
+    b = g[:, None] * planes.half[p, 1]
+    return (np.asarray(planes.origin[p], np.float64) + a[..., None] * planes.u[p]
+            + b[..., None] * planes.v[p])
