@@ -100,12 +100,18 @@ class CalibrationConfig:
                                                  # (realsim_core.planes; the Gaussians
                                                  # must be built with exclude_planes=True)
     plane_texels: int = 512                      # texture side per plane (power of two)
+    plane_painters: str = "all"                  # cameras whose pixels fit the plane
+                                                 # textures: "all" or "fixed" (the wrist
+                                                 # views then only align to them)
     seed: int = 0
 
     def __post_init__(self):
         if self.plane_texels < 4 or self.plane_texels & (self.plane_texels - 1):
             raise RealsimError(f"plane_texels must be a power of two >= 4, got "
                                f"{self.plane_texels}")
+        if self.plane_painters not in ("all", "fixed"):
+            raise RealsimError(f"plane_painters must be 'all' or 'fixed', got "
+                               f"{self.plane_painters!r}")
         if self.shading not in ("sh2", "none"):
             raise RealsimError(f"shading must be 'sh2' or 'none', got {self.shading!r}")
         if self.dilation not in ("add", "clamp"):
@@ -192,6 +198,7 @@ class _Static(NamedTuple):
     shading: bool = False
     planes: Planes | None = None            # textured planes (numpy arrays), or None
     plane_res: int = 0
+    plane_paint: jnp.ndarray | None = None  # [C] 1: the camera's pixels fit the textures
 
 
 class Buffers(NamedTuple):
@@ -318,7 +325,10 @@ def render_batch(static: _Static, params, q, corr, level: int):
         cam_idx = jnp.asarray(cams, jnp.int32)
         bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, 3]
 
-        def one(m, qu, pose, bg, intr=intr):
+        paint = (jnp.ones(len(cams), jnp.float32) if static.plane_paint is None
+                 else static.plane_paint[cam_idx])                        # [k]
+
+        def one(m, qu, pose, bg, pw, intr=intr):
             col = colors
             if static.shading:
                 col = colors * surfel_shading(params["shading"], qu, m, pose)[:, None]
@@ -331,13 +341,16 @@ def render_batch(static: _Static, params, q, corr, level: int):
                           cull_backfaces=static.cull_backfaces, dilation=static.dilation)
             if packed is None:
                 return r.rgb
-            plane_rgb, hit = render_planes(static.planes, packed, static.plane_res, pose, intr)
+            # cameras that do not paint the planes see them, but send no gradient to them
+            pk = pw * packed + (1.0 - pw) * jax.lax.stop_gradient(packed)
+            plane_rgb, hit = render_planes(static.planes, pk, static.plane_res, pose, intr)
             behind = jnp.where(hit[..., None], plane_rgb, bg)
             return r.rgb + (1.0 - r.alpha)[..., None] * behind
 
         # [B, k] renders: frames x cameras of this group, one trace
-        per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0)), in_axes=(0, 0, 0, None))(
-            means, quats, poses.cameras[:, cam_idx], bgs)
+        per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0, 0)),
+                           in_axes=(0, 0, 0, None, None))(
+            means, quats, poses.cameras[:, cam_idx], bgs, paint)
         for j, c in enumerate(cams):
             out[c] = per_cam[:, j]
     return out
@@ -446,7 +459,10 @@ class CalibrationSession:
                               self.cfg.capacity, int(part.max()) + 1,
                               int(self.cfg.flat_colour_levels), bool(self.cfg.cull_backfaces),
                               str(self.cfg.dilation), self.cfg.shading != "none", planes,
-                              int(self.cfg.plane_texels))
+                              int(self.cfg.plane_texels),
+                              jnp.asarray([0.0 if (c in mounted and
+                                                   self.cfg.plane_painters == "fixed") else 1.0
+                                           for c in self.cameras], jnp.float32))
         R = int(self.cfg.plane_texels) if planes is not None else 1
         plane_rgb = np.zeros((0, 3)) if planes is None else np.asarray(planes.rgb)
         J = len(km.joint_names)
@@ -766,7 +782,7 @@ class CalibrationSession:
             vals = []
             for bi, f in enumerate(idx):
                 for c, it in enumerate(st.intrinsics[level]):
-                    if float(self.bufs.valid[f, c]) == 0:
+                    if float(self.bufs.valid[f, c]) == 0 or float(st.plane_paint[c]) == 0:
                         continue
                     T = cams[bi, c]
                     ok = ~np.asarray(occluded_by_planes(
