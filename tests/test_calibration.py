@@ -31,7 +31,11 @@ def setup():
     # model's 3136 native triangles, so its large link faces get ~8 cm triangles and the
     # 18-cycle known answers converge more slowly (one joint: 0.0139 of 0.02 rad); these
     # tests are about the engine, the layouts have their own tests below
-    gauss = C.rig_gaussians(model, N_GAUSS, seed=0, layout="random")
+    # the table top and floor as surfels, as these tests were built (a uniform textured
+    # plane carries less pose signal than the random layout's patchy table); the
+    # textured planes have their own tests (tests/test_planes.py), and every end-to-end
+    # test (CLI, node, drift) runs with them
+    gauss = C.rig_gaussians(model, N_GAUSS, seed=0, layout="random", exclude_planes=False)
     rng = np.random.default_rng(0)
     J = len(rig.joint_names)
     qs = [rng.uniform(-0.3, 0.3, J) * np.r_[np.ones(6), 0.05, np.ones(6), 0.05]
@@ -48,7 +52,7 @@ def setup():
                               # ramp, no iterate averaging (both have their own tests)
                               lr_warmup_steps=0, average_fraction=0.0,
                               # the random layout's holes are filled by the back layer
-                              cull_backfaces=False)
+                              cull_backfaces=False, textured_planes=False)
     session = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=N_FRAMES)
     return rig, session, qs
 
@@ -65,7 +69,8 @@ def _render_targets(session, params, qs):
 
 def _fresh(session):
     """Nominal pose parameters with the session's (fixed) appearance."""
-    appearance = ("color_logits", "opacity_logits", "background_logits", "shading")
+    appearance = ("color_logits", "opacity_logits", "background_logits", "shading",
+                  "plane_logits")
     return dict(session.nominal, **{k: session.params[k] for k in appearance})
 
 
@@ -168,7 +173,8 @@ def test_online_estimator_improves_and_only_publishes_accepted(setup, monkeypatc
     cfg = s.cfg.replace(optimise_joints=False, optimise_cameras=True)
     # the estimator builds the fixture's known scene, so the targets are exactly reachable
     monkeypatch.setattr(online_engine, "rig_gaussians", lambda model, n, seed=0, **_:
-                        C.rig_gaussians(model, n, seed=seed, layout="random"))
+                        C.rig_gaussians(model, n, seed=seed, layout="random",
+                                        exclude_planes=False))
     est = SessionEstimator(rig, nominal_calibration(rig), config=cfg, max_frames=N_FRAMES,
                            min_frames=N_FRAMES, n_gaussians=N_GAUSS, accept_every=3,
                            holdout_every=10**6)
@@ -213,8 +219,12 @@ def test_rig_gaussians_density_by_body_class(setup):
     assert {"left/gripper_base", "left/left_finger_link", "right/right_finger_link"} <= names
     assert not any("upper_arm" in n or "shoulder" in n for n in names)
     for layout in ("faces", "random"):
-        g = C.rig_gaussians(model, 6000, seed=1, layout=layout, near_bodies=near)
+        # with the table top and floor as surfels too (textured planes have their own test)
+        g = C.rig_gaussians(model, 6000, seed=1, layout=layout, near_bodies=near,
+                            exclude_planes=False)
         assert abs(len(g.body) - 6000) < 0.1 * 6000
+        assert not np.any(C.rig_gaussians(model, 6000, seed=1, layout=layout,
+                                          near_bodies=near).body == 0)   # floor: a plane
         moving = model.body_weldid[g.body] != 0
         close = np.isin(g.body, near)
         # random: one isotropic std per class, 0.6 x its spacing; faces: triangles are
@@ -368,7 +378,7 @@ def test_flat_levels_show_one_colour_per_geom_side(setup):
     import mujoco
 
     rig, s, qs = setup
-    g = C.rig_gaussians(load_mjmodel(rig), 3000, seed=2)
+    g = C.rig_gaussians(load_mjmodel(rig), 3000, seed=2, exclude_planes=False)
     part = np.asarray(g.part)
     assert part.min() == 0 and np.array_equal(np.unique(part), np.arange(part.max() + 1))
     model = load_mjmodel(rig)
@@ -429,7 +439,7 @@ def test_flat_level_fixed_camera_moves_are_discarded_on_request(setup):
     cfg = s0.cfg.replace(levels=(1, 1), cycles_per_level=(6, 1), flat_colour_levels=1,
                          flat_static=True, flat_fixed_cameras="discard", pose_steps=2,
                          optimise_joints=False, lr_warmup_steps=0, lr_final_fraction=1.0)
-    gauss = C.rig_gaussians(load_mjmodel(rig), N_GAUSS, seed=0)
+    gauss = C.rig_gaussians(load_mjmodel(rig), N_GAUSS, seed=0, exclude_planes=False)
     s = C.CalibrationSession(rig, load_mjmodel(rig), s0.full_intrinsics, gauss, cfg,
                              max_frames=N_FRAMES)
     truth = _fresh(s)
@@ -516,7 +526,8 @@ def test_learned_shading_explains_lighting_that_flat_colours_cannot(setup):
     images = _render_targets(s, truth, qs)
     idx = jnp.arange(N_FRAMES, dtype=jnp.int32)
     model = load_mjmodel(rig)
-    gauss = C.rig_gaussians(model, N_GAUSS, seed=0, layout="random")   # the fixture's
+    gauss = C.rig_gaussians(model, N_GAUSS, seed=0, layout="random",   # the fixture's
+                            exclude_planes=False)
     fits = {}
     for shading in ("none", "sh2"):
         cfg = s.cfg.replace(shading=shading, colour_steps=0, pose_steps=0, lr_colour=3e-2,
