@@ -41,10 +41,18 @@ import optax
 
 from realsim_core import kinematics, losses
 from realsim_core.errors import RealsimError
-from realsim_core.planes import Planes, occluded_by_planes, pyramid, render_planes
+from realsim_core.planes import (
+    Planes,
+    find_planes,
+    hidden_or_on_planes,
+    occluded_by_planes,
+    pyramid,
+    render_planes,
+    texel_centres,
+)
 from realsim_core.render import rasterize
 from realsim_core.rig import Rig
-from realsim_core.se3 import matrix_to_quat_xyzw
+from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix
 from realsim_core.types import CameraIntrinsics
 
 
@@ -290,10 +298,7 @@ def surfel_shading(coef, quats, means, cam_pose):
     seen from behind shows its other side). coef [2, 9]; quats [N, 4] xyzw world;
     means [N, 3]; cam_pose [4, 4] T_world_cam.
     """
-    qx, qy, qz, qw = quats[:, 0], quats[:, 1], quats[:, 2], quats[:, 3]
-    n = jnp.stack([2 * (qx * qz + qw * qy), 2 * (qy * qz - qw * qx),
-                   1 - 2 * (qx * qx + qy * qy)], -1)
-    n = n / jnp.maximum(jnp.linalg.norm(n, axis=-1, keepdims=True), 1e-12)
+    n = quat_xyzw_to_matrix(quats)[:, :, 2]
     facing = jnp.sum(n * (cam_pose[:3, 3] - means), -1)
     n = n * jnp.where(facing < 0, -1.0, 1.0)[:, None]
     n_cam = n @ cam_pose[:3, :3]                           # R^T n, camera (optical) frame
@@ -452,7 +457,6 @@ class CalibrationSession:
         g = RigGaussians(*(jnp.asarray(a) for a in gaussians._replace(part=part.astype(np.int32))))
         planes = None
         if self.cfg.textured_planes:
-            from realsim_core.planes import find_planes
             planes = find_planes(model)
             planes = planes if len(planes.names) else None
         self.static = _Static(km, g, tuple(levels), cam_w, col_w, self.cfg.tile_size,
@@ -702,114 +706,113 @@ class CalibrationSession:
     def _eval_fn(self, level: int):
         return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
 
-    def init_colours_from_frames(self, max_frames: int = 8) -> None:
-        """Initialise Gaussian colours from the images: median of each Gaussian's projections.
+    def _init_views(self, max_frames: int):
+        """Frames for colour initialisation and their poses at the current estimate.
 
-        Occlusion is ignored (the colour steps fix what it gets wrong); projections behind
-        a camera or outside its image are skipped; Gaussians seen nowhere keep their colour.
+        -> (idx [B], body poses [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level);
+        None when no frame is buffered.
         """
-        level = len(self.cfg.levels) - 1
         idx = np.flatnonzero(np.asarray(self.bufs.train | self.bufs.holdout))[:max_frames]
         if idx.size == 0:
-            return
-        st = self.static
+            return None
         p = self.params
-        poses = kinematics.forward_batch_jit(st.km, self.bufs.q[idx], p["joint_offsets"],
-                                             p["corrections"][idx], p["fixed_deltas"],
-                                             p["mounted_deltas"])
-        means, _ = jax.jit(jax.vmap(world_gaussians, in_axes=(None, 0)))(st.gauss, poses.bodies)
-        means = np.asarray(means, np.float64)                     # [B, N, 3]
-        cams = np.asarray(poses.cameras, np.float64)              # [B, C, 4, 4]
-        n = means.shape[1]
+        poses = kinematics.forward_batch_jit(self.static.km, self.bufs.q[idx],
+                                             p["joint_offsets"], p["corrections"][idx],
+                                             p["fixed_deltas"], p["mounted_deltas"])
+        return (idx, poses.bodies, np.asarray(poses.cameras, np.float64),
+                len(self.cfg.levels) - 1)
+
+    def _median_colours(self, points, idx, cams, level: int, use_camera=None):
+        """Median over views of the pixel each point falls on -> [N, 3] (NaN: seen nowhere).
+
+        points(bi) -> [N, 3] world points of frame `idx[bi]`. Nearest pixel; points behind
+        a camera (or hidden from it, `use_camera(c, T) -> [N] bool` of usable points) or
+        outside its image are skipped; occlusion by the robot is not modelled (the median
+        and the colour steps take care of it).
+        """
+        st = self.static
         cols = []
         for bi, f in enumerate(idx):
+            pts = points(bi)
             for c, it in enumerate(st.intrinsics[level]):
                 if float(self.bufs.valid[f, c]) == 0:
                     continue
                 T = cams[bi, c]
-                pc = (means[bi] - T[:3, 3]) @ T[:3, :3]          # world -> optical
+                ok = np.ones(len(pts), bool) if use_camera is None else use_camera(c, T)
+                if not ok.any():
+                    continue
+                pc = (pts - T[:3, 3]) @ T[:3, :3]                # world -> optical
                 z = pc[:, 2]
-                ok = z > 0.02
-                u = np.where(ok, it.fx * pc[:, 0] / np.where(ok, z, 1) + it.cx, -1)
-                v = np.where(ok, it.fy * pc[:, 1] / np.where(ok, z, 1) + it.cy, -1)
-                ui, vi = np.round(u).astype(int), np.round(v).astype(int)
+                ok &= z > 0.02
+                zs = np.where(ok, z, 1.0)
+                ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
+                vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
                 ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
                 img = np.asarray(self.bufs.images[level][c][f])
-                col = np.full((n, 3), np.nan)
+                col = np.full((len(pts), 3), np.nan, np.float32)
                 col[ok] = img[vi[ok], ui[ok]]
                 cols.append(col)
-        stack = np.stack(cols)                                     # [S, N, 3]
-        if np.isfinite(stack).any():
-            with warnings.catch_warnings():  # Gaussians seen by no camera: all-NaN columns
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med = np.nanmedian(stack, axis=0)
-            have = np.all(np.isfinite(med), axis=1)
-            logits = np.asarray(p["color_logits"]).copy()
-            logits[have] = _logit(med[have])
-            self.params = {**self.params, "color_logits": jnp.asarray(logits, jnp.float32)}
-        if st.planes is not None:
-            self.params = {**self.params, "plane_logits": self._plane_logits_from_frames(
-                idx, cams, level)}
-        self._colour_state = self._colour_opt.init(self.params)
+        if not cols:
+            return np.full((len(points(0)), 3), np.nan)
+        with warnings.catch_warnings():  # points seen by no camera: all-NaN columns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmedian(np.stack(cols), axis=0)
+
+    @staticmethod
+    def _logits_where_seen(logits, med) -> jnp.ndarray:
+        """Return logits [..., 3] with the finite rows of `med` [N, 3] replaced by their logits."""
+        out = np.asarray(logits).reshape(-1, 3).copy()
+        have = np.all(np.isfinite(med), axis=1)
+        out[have] = _logit(med[have])
+        return jnp.asarray(out.reshape(np.shape(logits)), jnp.float32)
+
+    def init_colours_from_frames(self, max_frames: int = 8) -> None:
+        """Initialise Gaussian colours (and plane textures) from the images.
+
+        Each Gaussian gets the median of its projections (`_median_colours`); Gaussians
+        seen nowhere keep their colour.
+        """
+        views = self._init_views(max_frames)
+        if views is None:
+            return
+        idx, bodies, cams, level = views
+        means, _ = jax.jit(jax.vmap(world_gaussians, in_axes=(None, 0)))(self.static.gauss,
+                                                                          bodies)
+        means = np.asarray(means, np.float64)                     # [B, N, 3]
+        med = self._median_colours(lambda bi: means[bi], idx, cams, level)
+        self.params = {**self.params,
+                       "color_logits": self._logits_where_seen(self.params["color_logits"], med)}
+        self._paint_planes(idx, cams, level)
 
     def init_plane_textures(self, max_frames: int = 8) -> None:
         """Paint the plane textures from the images at the current estimate."""
-        st = self.static
-        idx = np.flatnonzero(np.asarray(self.bufs.train | self.bufs.holdout))[:max_frames]
-        if st.planes is None or idx.size == 0:
-            return
-        p = self.params
-        poses = kinematics.forward_batch_jit(st.km, self.bufs.q[idx], p["joint_offsets"],
-                                             p["corrections"][idx], p["fixed_deltas"],
-                                             p["mounted_deltas"])
-        cams = np.asarray(poses.cameras, np.float64)
-        self.params = {**p, "plane_logits": self._plane_logits_from_frames(
-            idx, cams, len(self.cfg.levels) - 1)}
-        self._colour_state = self._colour_opt.init(self.params)
+        views = self._init_views(max_frames)
+        if views is not None and self.static.planes is not None:
+            idx, _, cams, level = views
+            self._paint_planes(idx, cams, level)
 
-    def _plane_logits_from_frames(self, idx, cams, level: int) -> jnp.ndarray:
-        """Plane textures from the images: per texel, the median of its pixels.
+    def _paint_planes(self, idx, cams, level: int) -> None:
+        """Plane textures: per texel, the median of its pixels over the painting cameras.
 
-        Nearest pixel; views where another plane hides the texel are skipped, the robot's
-        occlusion is not (the median and the colour steps take care of it).
+        Views where another plane hides the texel are skipped; fresh colour moments.
         """
-        from realsim_core.planes import texel_centres
-
         st = self.static
-        logits = np.asarray(self.params["plane_logits"]).copy()
-        for pi in range(logits.shape[0]):
-            pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
-            vals = []
-            for bi, f in enumerate(idx):
-                for c, it in enumerate(st.intrinsics[level]):
-                    if float(self.bufs.valid[f, c]) == 0 or float(st.plane_paint[c]) == 0:
-                        continue
-                    T = cams[bi, c]
-                    ok = ~np.asarray(occluded_by_planes(
-                        st.planes, jnp.asarray(pts + 2e-3 * np.cross(st.planes.u[pi],
-                                                                      st.planes.v[pi]),
-                                               jnp.float32), jnp.asarray(T[:3, 3], jnp.float32)))
-                    pc = (pts - T[:3, 3]) @ T[:3, :3]
-                    z = pc[:, 2]
-                    ok &= z > 0.02
-                    zs = np.where(ok, z, 1.0)
-                    ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
-                    vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
-                    ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
-                    img = np.asarray(self.bufs.images[level][c][f])
-                    col = np.full((len(pts), 3), np.nan, np.float32)
-                    col[ok] = img[vi[ok], ui[ok]]
-                    vals.append(col)
-            if not vals:
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med = np.nanmedian(np.stack(vals), axis=0)
-            have = np.all(np.isfinite(med), axis=1)
-            flat = logits[pi].reshape(-1, 3)
-            flat[have] = _logit(med[have])
-            logits[pi] = flat.reshape(logits[pi].shape)
-        return jnp.asarray(logits, jnp.float32)
+        if st.planes is not None:
+            logits = np.asarray(self.params["plane_logits"]).copy()
+            for pi in range(logits.shape[0]):
+                pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
+                lifted = jnp.asarray(pts + 2e-3 * st.planes.normal[pi], jnp.float32)
+
+                def usable(c, T, lifted=lifted):
+                    if float(st.plane_paint[c]) == 0:
+                        return np.zeros(len(lifted), bool)
+                    return ~np.asarray(occluded_by_planes(st.planes, lifted,
+                                                          jnp.asarray(T[:3, 3], jnp.float32)))
+
+                med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
+                logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))
+            self.params = {**self.params, "plane_logits": jnp.asarray(logits, jnp.float32)}
+        self._colour_state = self._colour_opt.init(self.params)
 
     def start(self) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it."""
@@ -1179,7 +1182,6 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
     import mujoco
     import trimesh
 
-    from realsim_core.planes import find_planes, plane_faces
     from realsim_core.render.splatmesh import parts_from_mujoco
 
     if layout not in ("faces", "random"):
@@ -1199,20 +1201,11 @@ def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: 
         if static:   # drop faces that point down in the world
             R = data.xmat[part.body].reshape(3, 3) @ part.local_pose[:3, :3]
             keep = (mesh.face_normals @ R.T)[:, 2] >= -0.1
-            if exclude_planes:  # ... and what `planes.find_planes` renders as a texture,
-                # and what such a plane hides from above (the table's legs, the floor
-                # under it)
+            if exclude_planes:  # ... and what the session renders as textured planes
                 t = (data.xpos[part.body]
                      + data.xmat[part.body].reshape(3, 3) @ part.local_pose[:3, 3])
-                vw = np.asarray(mesh.vertices) @ R.T + t
-                on_plane, _ = plane_faces(vw, np.asarray(mesh.faces), R[:, 0], plane_min_area)
-                if on_plane is not None:
-                    keep &= ~on_plane
-                tri = vw[np.asarray(mesh.faces)]                       # [F, 3, 3]
-                for o, u, v, h in zip(*planes_all[:4]):
-                    rel = tri - o
-                    keep &= ~np.all((rel[..., 2] < -1e-3) & (np.abs(rel @ u) <= h[0])
-                                    & (np.abs(rel @ v) <= h[1]), axis=1)
+                tri = (np.asarray(mesh.vertices) @ R.T + t)[np.asarray(mesh.faces)]
+                keep &= ~hidden_or_on_planes(planes_all, tri)
             if not keep.any():
                 continue
             mesh = trimesh.Trimesh(mesh.vertices, mesh.faces[keep], process=False)

@@ -44,11 +44,11 @@ class Planes(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- detection
-def plane_faces(vertices_world: np.ndarray, faces: np.ndarray, x_axis_world: np.ndarray,
-                min_area: float = 0.25, tol: float = 1e-4):
+def plane_rect(vertices_world: np.ndarray, faces: np.ndarray, x_axis_world: np.ndarray,
+               min_area: float = 0.25, tol: float = 1e-4):
     """Find the up-facing rectangle of one static mesh (world vertices).
 
-    Returns (face mask [F], (origin, u, v, half)) or (None, None) when the up-facing,
+    Returns (origin, u, v, half), or None when the up-facing,
     coplanar faces are smaller than `min_area` or do not form a rectangle aligned with the
     geom's x axis (`x_axis_world`, projected onto the plane).
     """
@@ -57,12 +57,12 @@ def plane_faces(vertices_world: np.ndarray, faces: np.ndarray, x_axis_world: np.
     area2 = np.linalg.norm(n, axis=1)
     up = (n[:, 2] > (1 - 1e-6) * area2) & (area2 > 0)
     if not up.any():
-        return None, None
+        return None
     top = tri[up][:, :, 2].max()
     mask = up & np.all(np.abs(tri[:, :, 2] - top) < tol, axis=1)
     area = 0.5 * area2[mask].sum()
     if area < min_area:
-        return None, None
+        return None
     u = np.array([x_axis_world[0], x_axis_world[1], 0.0])
     if np.linalg.norm(u) < 1e-6:
         u = np.array([1.0, 0.0, 0.0])
@@ -72,10 +72,10 @@ def plane_faces(vertices_world: np.ndarray, faces: np.ndarray, x_axis_world: np.
     a, b = pts @ u, pts @ v
     half = 0.5 * np.array([a.max() - a.min(), b.max() - b.min()])
     if abs(4 * half[0] * half[1] - area) > 1e-3 * area:      # not one full rectangle
-        return None, None
+        return None
     origin = 0.5 * (a.max() + a.min()) * u + 0.5 * (b.max() + b.min()) * v
     origin[2] = top
-    return mask, (origin, u, v, half)
+    return origin, u, v, half
 
 
 def find_planes(model, max_extent_m: float = 1.5, min_area: float = 0.25) -> Planes:
@@ -93,13 +93,37 @@ def find_planes(model, max_extent_m: float = 1.5, min_area: float = 0.25) -> Pla
             continue
         T = _world_part(data, part)
         vw = part.vertices @ T[:3, :3].T + T[:3, 3]
-        _, rect = plane_faces(vw, np.asarray(part.faces), T[:3, 0], min_area)
+        rect = plane_rect(vw, np.asarray(part.faces), T[:3, 0], min_area)
         if rect is not None:
             rows.append((*rect, np.asarray(part.rgb, np.float64), part.name))
     if not rows:
         return Planes(*(np.zeros((0, k)) for k in (3, 3, 3, 2, 3)), names=())
     return Planes(*(np.stack([r[i] for r in rows]).astype(np.float32) for i in range(5)),
                   names=tuple(r[5] for r in rows))
+
+
+def hidden_or_on_planes(planes: Planes | None, tri: np.ndarray,
+                        tol: float = 1e-4) -> np.ndarray:
+    """[F] bool for world triangles [F, 3, 3] that the planes replace or hide.
+
+    True when up-facing on a plane's rectangle (the plane renders it), or wholly below one
+    inside its footprint (hidden from the cameras above). A face with some vertices on the
+    plane and some below (a table top's side) is neither.
+    """
+    out = np.zeros(len(tri), bool)
+    if planes is None:
+        return out
+    n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    up = n[:, 2] > (1 - 1e-6) * np.linalg.norm(n, axis=1)
+    for o, u, v, h in zip(planes.origin, planes.u, planes.v, planes.half):
+        rel = tri - o
+        a, b, height = np.abs(rel @ u), np.abs(rel @ v), rel[..., 2]
+        on = up & np.all((np.abs(height) < tol) & (a <= h[0] + tol) & (b <= h[1] + tol), axis=1)
+        # strictly inside the footprint: a wall on its boundary (the table top's side) is
+        # seen from outside
+        below = np.all((height < -1e-3) & (a < h[0] - tol) & (b < h[1] - tol), axis=1)
+        out |= on | below
+    return out
 
 
 def _world_part(data, part) -> np.ndarray:
