@@ -51,8 +51,15 @@ from realsim_core.planes import (
     texel_centres,
 )
 from realsim_core.render import rasterize
+from realsim_core.render.rasterize import DILATION_PX2
 from realsim_core.rig import Rig
-from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix
+from realsim_core.se3 import (
+    matrix_to_quat_xyzw,
+    pose_inverse,
+    quat_xyzw_to_matrix,
+    se3_exp,
+    se3_log,
+)
 from realsim_core.types import CameraIntrinsics
 
 
@@ -87,6 +94,9 @@ class CalibrationConfig:
     colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
     prior_weight: float = 0.001                  # weight of the prior term vs the image loss
+    prior_weight_last: float | None = None       # ... at the last level of a schedule of
+                                                 # two or more (None: prior_weight); see
+                                                 # level_prior_weight
     init_colours: bool = True                    # colours from the images before fitting
     prior_joint_rad: float = 0.05                # 1-sigma priors towards nominal
     prior_camera_m: float = 0.02
@@ -100,6 +110,7 @@ class CalibrationConfig:
     capacity: int = 128                          # Gaussians per tile (nearest kept)
     cull_backfaces: bool = True                  # surfels facing away take no tile slots
     dilation: str = "add"                        # rasteriser low-pass: "add" or "clamp"
+    filter_px2: float = DILATION_PX2             # ... its variance (px^2; 3DGS: 0.3)
     shading: str = "sh2"                         # learned Lambertian shading of the surfels:
                                                  # "sh2" (order-2 irradiance SH in the world
                                                  # and in the camera frame) or "none"
@@ -108,6 +119,11 @@ class CalibrationConfig:
                                                  # (realsim_core.planes; the Gaussians
                                                  # must be built with exclude_planes=True)
     plane_texels: int = 512                      # texture side per plane (power of two)
+    anchor_wrist_cameras: bool = False           # optimise wrist-camera deltas in
+                                                 # coordinates that keep the camera fixed
+                                                 # in the world at the reference joint
+                                                 # values when an arm's offsets move
+                                                 # (see mount_from_anchored)
     plane_painters: str = "all"                  # cameras whose pixels fit the plane
                                                  # textures: "all" or "fixed" (the wrist
                                                  # views then only align to them)
@@ -122,6 +138,8 @@ class CalibrationConfig:
                                f"{self.plane_painters!r}")
         if self.shading not in ("sh2", "none"):
             raise RealsimError(f"shading must be 'sh2' or 'none', got {self.shading!r}")
+        if not 0.0 < self.filter_px2 <= 4.0:
+            raise RealsimError(f"filter_px2 must be in (0, 4] px^2, got {self.filter_px2}")
         if self.dilation not in ("add", "clamp"):
             raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
         if self.flat_fixed_cameras not in ("keep", "discard"):
@@ -133,6 +151,21 @@ class CalibrationConfig:
 
     def replace(self, **kw) -> CalibrationConfig:
         return dataclasses.replace(self, **kw)
+
+    def level_prior_weight(self, level: int) -> float:
+        """Weight of the prior at pyramid level index `level` (0 = coarsest).
+
+        The prior holds weakly observed directions while the poses are far off and the
+        appearance is still wrong; at the optimum it pulls them towards the nominal values
+        (started at the truth, the wrist-camera roll walks 0.4 deg back towards nominal at
+        0.001, 0.05 deg at 1e-4: docs/calibration.md, session 7). The last level of a
+        coarse-to-fine schedule therefore gets `prior_weight_last`. A single-level schedule
+        (the online engine) starts far off at its only level and keeps `prior_weight`.
+        """
+        if (self.prior_weight_last is not None and len(self.levels) > 1
+                and level == len(self.levels) - 1):
+            return self.prior_weight_last
+        return self.prior_weight
 
 
 class RigGaussians(NamedTuple):
@@ -207,6 +240,7 @@ class _Static(NamedTuple):
     planes: Planes | None = None            # textured planes (numpy arrays), or None
     plane_res: int = 0
     plane_paint: jnp.ndarray | None = None  # [C] 1: the camera's pixels fit the textures
+    filter_px2: float = DILATION_PX2
 
 
 class Buffers(NamedTuple):
@@ -343,7 +377,8 @@ def render_batch(static: _Static, params, q, corr, level: int):
             r = rasterize(m, qu, static.gauss.scales, op, col, pose, intr,
                           background=None if packed is not None else bg,
                           tile_size=static.tile_size, capacity=static.capacity,
-                          cull_backfaces=static.cull_backfaces, dilation=static.dilation)
+                          cull_backfaces=static.cull_backfaces, dilation=static.dilation,
+                          filter_px2=static.filter_px2)
             if packed is None:
                 return r.rgb
             # cameras that do not paint the planes see them, but send no gradient to them
@@ -382,6 +417,43 @@ def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_l
         total = total + jnp.sum(w * per.mean(axis=(-2, -1)))
         wsum = wsum + jnp.sum(w)
     return total / jnp.maximum(wsum, 1e-8)
+
+
+def _anchor(km: kinematics.KinematicModel, q_ref, joint_offsets):
+    """[Cw, 4, 4] C = T_world_mount(q_ref + offsets)^-1 T_world_mount(q_ref) per wrist camera."""
+    def mounts(off):
+        p = kinematics.forward(km, q_ref, off, jnp.zeros_like(off),
+                               jnp.zeros((km.fixed_nominal.shape[0], 6), off.dtype),
+                               jnp.zeros((km.mounted_nominal.shape[0], 6), off.dtype))
+        return p.bodies[km.mounted_body]
+
+    b0 = jax.lax.stop_gradient(mounts(jnp.zeros_like(joint_offsets)))
+    return pose_inverse(mounts(joint_offsets)) @ b0
+
+
+def mount_from_anchored(km: kinematics.KinematicModel, q_ref, joint_offsets, anchored):
+    """Wrist-camera mount deltas [Cw, 6] from anchored coordinates [Cw, 6].
+
+    The two pose parameters of a wrist camera's view, its arm's joint offsets and its
+    mount delta, are strongly coupled: a wrist_angle offset and a camera pitch of the same
+    size move the wrist view alike, and only the gripper fingers in that view (and the
+    far-away fixed cameras) tell them apart. In (offsets, mount delta) coordinates that
+    valley is diagonal, and Adam's per-parameter steps crawl along it (docs/calibration.md,
+    session 7). In anchored coordinates `a` the camera's world pose at the reference joint
+    values `q_ref` [J] does not depend on the offsets:
+    `T_mount_optical = C(offsets) N exp(a)` with `C` from `_anchor`, so
+    `delta = log(N^-1 C N exp(a))`. Equal to `anchored` where the offsets are zero.
+    """
+    n = km.mounted_nominal
+    c = _anchor(km, q_ref, joint_offsets)
+    return se3_log(pose_inverse(n) @ c @ n @ se3_exp(anchored))
+
+
+def mount_to_anchored(km: kinematics.KinematicModel, q_ref, joint_offsets, deltas):
+    """The inverse of `mount_from_anchored`: mount deltas [Cw, 6] -> anchored [Cw, 6]."""
+    n = km.mounted_nominal
+    c = _anchor(km, q_ref, joint_offsets)
+    return se3_log(pose_inverse(n) @ pose_inverse(c) @ n @ se3_exp(deltas))
 
 
 def _prior(params, cfg: CalibrationConfig, nominal):
@@ -466,7 +538,8 @@ class CalibrationSession:
                               int(self.cfg.plane_texels),
                               jnp.asarray([0.0 if (c in mounted and
                                                    self.cfg.plane_painters == "fixed") else 1.0
-                                           for c in self.cameras], jnp.float32))
+                                           for c in self.cameras], jnp.float32),
+                              float(self.cfg.filter_px2))
         R = int(self.cfg.plane_texels) if planes is not None else 1
         plane_rgb = np.zeros((0, 3)) if planes is None else np.asarray(planes.rgb)
         J = len(km.joint_names)
@@ -498,6 +571,9 @@ class CalibrationSession:
         self.metrics = Metrics()
         self._rng = np.random.default_rng(self.cfg.seed)
         self.lr_scale = 1.0     # multiplies the pose learning rates (run() decays it)
+        # reference joint values of the anchored wrist-camera coordinates (mount_from_anchored):
+        # the mean measured joints of the training frames when the optimisation starts
+        self.q_ref = jnp.zeros(J, jnp.float32)
         # set from another thread to end the current cycle early (a node shutting down);
         # steps requested afterwards return at once
         self.stop_requested = False
@@ -555,24 +631,43 @@ class CalibrationSession:
         cfg = self.cfg
         static = self.static
 
+        anchor = cfg.anchor_wrist_cameras and static.km.mounted_nominal.shape[0] > 0
+
         def loss_fn(params, bufs, idx, nominal, pose):
             lam = jnp.where(pose, cfg.ssim_lambda, 0.0)
             data = _photometric(static, params, bufs, idx, level, lam, pose)
-            prior = _prior(params, cfg, nominal) * cfg.prior_weight
+            prior = _prior(params, cfg, nominal) * cfg.level_prior_weight(level)
             return data + jnp.where(pose, prior, 0.0), data
+
+        def loss_anchored(ap, q_ref, *args):
+            # the optimiser's coordinates -> the mount deltas everything else reads
+            return loss_fn({**ap, "mounted_deltas": mount_from_anchored(
+                static.km, q_ref, ap["joint_offsets"], ap["mounted_deltas"])}, *args)
 
         def select(flag, a, b):
             return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
         @jax.jit
-        def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
-            (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, bufs, idx, nominal, pose)
-            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, params)
+        def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale, q_ref):
+            if anchor:
+                x = {**params, "mounted_deltas": mount_to_anchored(
+                    static.km, q_ref, params["joint_offsets"], params["mounted_deltas"])}
+                (_, data), grads = jax.value_and_grad(loss_anchored, has_aux=True)(
+                    x, q_ref, bufs, idx, nominal, pose)
+            else:
+                x = params
+                (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                    x, bufs, idx, nominal, pose)
+            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, x)
             up_p = jax.tree_util.tree_map(lambda u: u * lr_scale, up_p)
-            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, params)
+            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, x)
             updates = select(pose, up_p, up_c)
-            new_params = optax.apply_updates(params, updates)
+            new_params = optax.apply_updates(x, updates)
+            if anchor:
+                new_params = {**new_params, "mounted_deltas": jnp.where(
+                    pose, mount_from_anchored(static.km, q_ref, new_params["joint_offsets"],
+                                              new_params["mounted_deltas"]),
+                    params["mounted_deltas"])}
             finite = jnp.isfinite(data) & jnp.all(jnp.asarray(
                 [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(grads)]))
             return (new_params, select(pose, new_pose_state, pose_state),
@@ -816,6 +911,9 @@ class CalibrationSession:
 
     def start(self) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it."""
+        train = np.asarray(self.bufs.train)
+        if train.any():
+            self.q_ref = jnp.asarray(np.asarray(self.bufs.q)[train].mean(0), jnp.float32)
         if self.cfg.init_colours:
             self.init_colours_from_frames()
             self.accepted = dict(self.params)
@@ -967,7 +1065,7 @@ class CalibrationSession:
         idx = self._sample()
         params, ps, cs, loss, finite = fn(self.params, self._pose_state, self._colour_state,
                                           self.bufs, idx, self.nominal, jnp.asarray(pose),
-                                          jnp.float32(self.lr_scale))
+                                          jnp.float32(self.lr_scale), self.q_ref)
         self.metrics.steps += 1
         if not bool(finite):
             self.metrics.rollbacks += 1
@@ -983,7 +1081,6 @@ class CalibrationSession:
         fixed = [c for c in self.rig.fixed_cameras]
         mounted = [c for c in self.rig.mounted_cameras]
         out = {}
-        from realsim_core.se3 import se3_exp
 
         for i, c in enumerate(fixed):
             T = np.asarray(km.fixed_nominal[i] @ se3_exp(params["fixed_deltas"][i]), np.float64)

@@ -96,7 +96,8 @@ def covariance_from_quat_scale(quats, scales):
 
 
 def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: float = 0.01,
-            antialiased: bool = False, normals=None, dilation: str = "add"):
+            antialiased: bool = False, normals=None, dilation: str = "add",
+            filter_px2: float = DILATION_PX2):
     """EWA projection of 3D Gaussians into a pinhole camera.
 
     means: [N, 3] metres (world); covars: [N, 3, 3] m^2 (world); opacities: [N] in [0, 1];
@@ -107,6 +108,8 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
     dilation: "add" (3DGS: Sigma2d + 0.3 px^2 I) or "clamp" (raise each principal variance
     to at least 0.3 px^2: footprints wider than the filter keep their true size, so a mesh
     of small surfels is not fattened by ~0.5 px; edge-on surfels still get its width).
+    filter_px2: the low-pass variance in px^2 (3DGS and gsplat: 0.3). A smaller one keeps
+    the outline of a mesh of sub-pixel surfels closer to the mesh's (docs/renderer.md).
     """
     rot = cam_pose[:3, :3]
     p = (means - cam_pose[:3, 3]) @ rot  # R^T (m - t): [N, 3] camera frame
@@ -129,8 +132,8 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
         r2 = half * half + b * b
         r = jnp.sqrt(jnp.where(r2 > 1e-12, r2, 1.0))
         rr = jnp.where(r2 > 1e-12, r, 0.0)
-        lift_min = jnp.maximum(DILATION_PX2 - (0.5 * (a0 + c0) - rr), 0.0)
-        lift_max = jnp.maximum(DILATION_PX2 - (0.5 * (a0 + c0) + rr), 0.0)
+        lift_min = jnp.maximum(filter_px2 - (0.5 * (a0 + c0) - rr), 0.0)
+        lift_max = jnp.maximum(filter_px2 - (0.5 * (a0 + c0) + rr), 0.0)
         # minor-axis projector P = v v^T = (lam_max I - Sigma) / (lam_max - lam_min), major
         # I - P; for an isotropic footprint (r = 0) every direction is minor (P = I)
         aniso = r2 > 1e-12
@@ -141,9 +144,9 @@ def project(means, covars, opacities, cam_pose, intr: CameraIntrinsics, near: fl
         b = b + (lift_min - lift_max) * pb
         c = c0 + lift_min * pc + lift_max * (1.0 - pc)
     elif dilation == "add":
-        a = cov2d[:, 0, 0] + DILATION_PX2
+        a = cov2d[:, 0, 0] + filter_px2
         b = cov2d[:, 0, 1]
-        c = cov2d[:, 1, 1] + DILATION_PX2
+        c = cov2d[:, 1, 1] + filter_px2
     else:
         raise ValueError(f"dilation must be 'add' or 'clamp', got {dilation!r}")
     det = a * c - b * b
@@ -439,6 +442,7 @@ def rasterize(
     antialiased: bool = False,
     cull_backfaces: bool = False,
     dilation: str = "add",
+    filter_px2: float = DILATION_PX2,
 ) -> RenderOutput:
     """Render 3D Gaussians into one pinhole camera (differentiable in every array input).
 
@@ -462,14 +466,16 @@ def rasterize(
     with outward normals: the hidden back layer then takes no tile slots.
     dilation: "add" (3DGS, default) or "clamp" (principal variances raised to the filter; see
     `project`). Static; jax backend.
+    filter_px2: variance of the low-pass filter in px^2 (static; the gsplat backend has
+    only the default 0.3).
     backend: "jax" (this file, any device) or "gsplat" (CUDA + torch + gsplat).
     """
     if cull_backfaces and (covars is not None or quats is None):
         raise ValueError("cull_backfaces needs quats (the surfel normals), not covars")
     if backend == "gsplat":
-        if antialiased or cull_backfaces or dilation != "add":
-            raise ValueError("antialiased/cull_backfaces are implemented for the jax backend "
-                             "only")
+        if antialiased or cull_backfaces or dilation != "add" or filter_px2 != DILATION_PX2:
+            raise ValueError("antialiased/cull_backfaces/dilation/filter_px2 are implemented "
+                             "for the jax backend only")
         from realsim_core.render.gsplat_backend import rasterize_gsplat
 
         return rasterize_gsplat(
@@ -481,15 +487,16 @@ def rasterize(
         means, quats, scales, opacities, colors, cam_pose, features, background, covars,
         intrinsics=intrinsics, sh_degree=sh_degree, tile_size=tile_size, capacity=capacity,
         max_pairs=max_pairs, near=near, antialiased=antialiased, cull_backfaces=cull_backfaces,
-        dilation=dilation)
+        dilation=dilation, filter_px2=float(filter_px2))
 
 
 @functools.partial(jax.jit, static_argnames=(
     "intrinsics", "sh_degree", "tile_size", "capacity", "max_pairs", "near", "antialiased",
-    "cull_backfaces", "dilation"))
+    "cull_backfaces", "dilation", "filter_px2"))
 def _rasterize_jax(means, quats, scales, opacities, colors, cam_pose, features, background,
                    covars, *, intrinsics, sh_degree, tile_size, capacity, max_pairs, near,
-                   antialiased=False, cull_backfaces=False, dilation="add"):
+                   antialiased=False, cull_backfaces=False, dilation="add",
+                   filter_px2=DILATION_PX2):
     _check_shapes(means, opacities, colors, features, sh_degree)
     n = means.shape[0]
     dtype = means.dtype
@@ -499,7 +506,7 @@ def _rasterize_jax(means, quats, scales, opacities, colors, cam_pose, features, 
     if covars is None:
         covars = covariance_from_quat_scale(quats, scales)
     proj = project(means, covars, opacities, cam_pose, intrinsics, near, antialiased, normals,
-                   dilation)
+                   dilation, filter_px2)
     if proj.opacity is not None:
         opacities = proj.opacity
     if sh_degree is not None:

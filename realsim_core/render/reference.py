@@ -34,11 +34,11 @@ def _quat_to_rot(q):
 def render_reference(means, quats, scales, opacities, colors, cam_pose,
                      intrinsics: CameraIntrinsics, *, covars=None, sh_degree=None,
                      features=None, background=None, near: float = 0.01,
-                     dilation: str = "add"):
+                     dilation: str = "add", filter_px2: float = DILATION_PX2):
     """Same arguments and meaning as `rasterize` (no tiling options).
 
     dilation "clamp" is computed here by an eigendecomposition of the 2D covariance
-    (eigenvalues raised to at least `DILATION_PX2`), independently of the closed form in
+    (eigenvalues raised to at least `filter_px2`), independently of the closed form in
     `rasterize.project`.
 
     Returns a dict: rgb [H, W, 3], alpha [H, W], depth [H, W], features [H, W, F] or None.
@@ -72,9 +72,9 @@ def render_reference(means, quats, scales, opacities, colors, cam_pose,
         cov2d = jac @ r_cw @ cov @ r_cw.T @ jac.T
         if dilation == "clamp":
             w, v = jnp.linalg.eigh(cov2d)
-            cov2d = v @ jnp.diag(jnp.maximum(w, DILATION_PX2)) @ v.T
+            cov2d = v @ jnp.diag(jnp.maximum(w, filter_px2)) @ v.T
         else:
-            cov2d = cov2d + DILATION_PX2 * jnp.eye(2)
+            cov2d = cov2d + filter_px2 * jnp.eye(2)
         uv = jnp.array([intr.fx * x / z + intr.cx, intr.fy * y / z + intr.cy])
         return uv, jnp.linalg.inv(cov2d), z
 
