@@ -53,13 +53,7 @@ from realsim_core.planes import (
 from realsim_core.render import rasterize
 from realsim_core.render.rasterize import DILATION_PX2
 from realsim_core.rig import Rig
-from realsim_core.se3 import (
-    matrix_to_quat_xyzw,
-    pose_inverse,
-    quat_xyzw_to_matrix,
-    se3_exp,
-    se3_log,
-)
+from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix, se3_exp
 from realsim_core.types import CameraIntrinsics
 
 
@@ -94,7 +88,7 @@ class CalibrationConfig:
     colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
     prior_weight: float = 0.001                  # weight of the prior term vs the image loss
-    prior_weight_last: float | None = None       # ... at the last level of a schedule of
+    prior_weight_last: float | None = 1e-4       # ... at the last level of a schedule of
                                                  # two or more (None: prior_weight); see
                                                  # level_prior_weight
     init_colours: bool = True                    # colours from the images before fitting
@@ -110,7 +104,7 @@ class CalibrationConfig:
     capacity: int = 128                          # Gaussians per tile (nearest kept)
     cull_backfaces: bool = True                  # surfels facing away take no tile slots
     dilation: str = "add"                        # rasteriser low-pass: "add" or "clamp"
-    filter_px2: float = DILATION_PX2             # ... its variance (px^2; 3DGS: 0.3)
+    filter_px2: float = 0.1                      # ... its variance (px^2; 3DGS: 0.3)
     shading: str = "sh2"                         # learned Lambertian shading of the surfels:
                                                  # "sh2" (order-2 irradiance SH in the world
                                                  # and in the camera frame) or "none"
@@ -119,11 +113,6 @@ class CalibrationConfig:
                                                  # (realsim_core.planes; the Gaussians
                                                  # must be built with exclude_planes=True)
     plane_texels: int = 512                      # texture side per plane (power of two)
-    anchor_wrist_cameras: bool = False           # optimise wrist-camera deltas in
-                                                 # coordinates that keep the camera fixed
-                                                 # in the world at the reference joint
-                                                 # values when an arm's offsets move
-                                                 # (see mount_from_anchored)
     plane_painters: str = "all"                  # cameras whose pixels fit the plane
                                                  # textures: "all" or "fixed" (the wrist
                                                  # views then only align to them)
@@ -419,43 +408,6 @@ def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_l
     return total / jnp.maximum(wsum, 1e-8)
 
 
-def _anchor(km: kinematics.KinematicModel, q_ref, joint_offsets):
-    """[Cw, 4, 4] C = T_world_mount(q_ref + offsets)^-1 T_world_mount(q_ref) per wrist camera."""
-    def mounts(off):
-        p = kinematics.forward(km, q_ref, off, jnp.zeros_like(off),
-                               jnp.zeros((km.fixed_nominal.shape[0], 6), off.dtype),
-                               jnp.zeros((km.mounted_nominal.shape[0], 6), off.dtype))
-        return p.bodies[km.mounted_body]
-
-    b0 = jax.lax.stop_gradient(mounts(jnp.zeros_like(joint_offsets)))
-    return pose_inverse(mounts(joint_offsets)) @ b0
-
-
-def mount_from_anchored(km: kinematics.KinematicModel, q_ref, joint_offsets, anchored):
-    """Wrist-camera mount deltas [Cw, 6] from anchored coordinates [Cw, 6].
-
-    The two pose parameters of a wrist camera's view, its arm's joint offsets and its
-    mount delta, are strongly coupled: a wrist_angle offset and a camera pitch of the same
-    size move the wrist view alike, and only the gripper fingers in that view (and the
-    far-away fixed cameras) tell them apart. In (offsets, mount delta) coordinates that
-    valley is diagonal, and Adam's per-parameter steps crawl along it (docs/calibration.md,
-    session 7). In anchored coordinates `a` the camera's world pose at the reference joint
-    values `q_ref` [J] does not depend on the offsets:
-    `T_mount_optical = C(offsets) N exp(a)` with `C` from `_anchor`, so
-    `delta = log(N^-1 C N exp(a))`. Equal to `anchored` where the offsets are zero.
-    """
-    n = km.mounted_nominal
-    c = _anchor(km, q_ref, joint_offsets)
-    return se3_log(pose_inverse(n) @ c @ n @ se3_exp(anchored))
-
-
-def mount_to_anchored(km: kinematics.KinematicModel, q_ref, joint_offsets, deltas):
-    """The inverse of `mount_from_anchored`: mount deltas [Cw, 6] -> anchored [Cw, 6]."""
-    n = km.mounted_nominal
-    c = _anchor(km, q_ref, joint_offsets)
-    return se3_log(pose_inverse(n) @ pose_inverse(c) @ n @ se3_exp(deltas))
-
-
 def _prior(params, cfg: CalibrationConfig, nominal):
     def sq(x, s):
         return jnp.sum(jnp.square(x / s))
@@ -571,9 +523,6 @@ class CalibrationSession:
         self.metrics = Metrics()
         self._rng = np.random.default_rng(self.cfg.seed)
         self.lr_scale = 1.0     # multiplies the pose learning rates (run() decays it)
-        # reference joint values of the anchored wrist-camera coordinates (mount_from_anchored):
-        # the mean measured joints of the training frames when the optimisation starts
-        self.q_ref = jnp.zeros(J, jnp.float32)
         # set from another thread to end the current cycle early (a node shutting down);
         # steps requested afterwards return at once
         self.stop_requested = False
@@ -631,43 +580,24 @@ class CalibrationSession:
         cfg = self.cfg
         static = self.static
 
-        anchor = cfg.anchor_wrist_cameras and static.km.mounted_nominal.shape[0] > 0
-
         def loss_fn(params, bufs, idx, nominal, pose):
             lam = jnp.where(pose, cfg.ssim_lambda, 0.0)
             data = _photometric(static, params, bufs, idx, level, lam, pose)
             prior = _prior(params, cfg, nominal) * cfg.level_prior_weight(level)
             return data + jnp.where(pose, prior, 0.0), data
 
-        def loss_anchored(ap, q_ref, *args):
-            # the optimiser's coordinates -> the mount deltas everything else reads
-            return loss_fn({**ap, "mounted_deltas": mount_from_anchored(
-                static.km, q_ref, ap["joint_offsets"], ap["mounted_deltas"])}, *args)
-
         def select(flag, a, b):
             return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
         @jax.jit
-        def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale, q_ref):
-            if anchor:
-                x = {**params, "mounted_deltas": mount_to_anchored(
-                    static.km, q_ref, params["joint_offsets"], params["mounted_deltas"])}
-                (_, data), grads = jax.value_and_grad(loss_anchored, has_aux=True)(
-                    x, q_ref, bufs, idx, nominal, pose)
-            else:
-                x = params
-                (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                    x, bufs, idx, nominal, pose)
-            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, x)
+        def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
+            (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, bufs, idx, nominal, pose)
+            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, params)
             up_p = jax.tree_util.tree_map(lambda u: u * lr_scale, up_p)
-            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, x)
+            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, params)
             updates = select(pose, up_p, up_c)
-            new_params = optax.apply_updates(x, updates)
-            if anchor:
-                new_params = {**new_params, "mounted_deltas": jnp.where(
-                    pose, mount_from_anchored(static.km, q_ref, new_params["joint_offsets"],
-                                              new_params["mounted_deltas"]),
-                    params["mounted_deltas"])}
+            new_params = optax.apply_updates(params, updates)
             finite = jnp.isfinite(data) & jnp.all(jnp.asarray(
                 [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(grads)]))
             return (new_params, select(pose, new_pose_state, pose_state),
@@ -911,9 +841,6 @@ class CalibrationSession:
 
     def start(self) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it."""
-        train = np.asarray(self.bufs.train)
-        if train.any():
-            self.q_ref = jnp.asarray(np.asarray(self.bufs.q)[train].mean(0), jnp.float32)
         if self.cfg.init_colours:
             self.init_colours_from_frames()
             self.accepted = dict(self.params)
@@ -1065,7 +992,7 @@ class CalibrationSession:
         idx = self._sample()
         params, ps, cs, loss, finite = fn(self.params, self._pose_state, self._colour_state,
                                           self.bufs, idx, self.nominal, jnp.asarray(pose),
-                                          jnp.float32(self.lr_scale), self.q_ref)
+                                          jnp.float32(self.lr_scale))
         self.metrics.steps += 1
         if not bool(finite):
             self.metrics.rollbacks += 1

@@ -76,32 +76,6 @@ def so3_log(rot):
     return theta / (2.0 * np.sin(theta)) * w
 
 
-def se3_log(T):
-    """[..., 4, 4] rigid transform -> [..., 6] (rho, phi), the inverse of `se3_exp`.
-
-    JAX and differentiable for rotation angles below ~3 rad (the poses it serves are small
-    deltas); at angle 0 the series branch keeps the value and gradient finite.
-    """
-    T = jnp.asarray(T)
-    rot, t = T[..., :3, :3], T[..., :3, 3]
-    w = jnp.stack([rot[..., 2, 1] - rot[..., 1, 2], rot[..., 0, 2] - rot[..., 2, 0],
-                   rot[..., 1, 0] - rot[..., 0, 1]], -1)          # 2 sin(theta) axis
-    cos = jnp.clip((jnp.trace(rot, axis1=-2, axis2=-1) - 1.0) / 2.0, -1.0, 1.0)
-    small = (1.0 - cos) < 1e-6
-    cos_safe = jnp.where(small, 0.0, cos)
-    theta = jnp.arccos(cos_safe)
-    # theta / (2 sin theta); series 1/2 + theta^2 / 12 with theta^2 ~ 2 (1 - cos)
-    factor = jnp.where(small, 0.5 + (1.0 - cos) / 6.0,
-                       theta / (2.0 * jnp.sqrt(jnp.where(small, 1.0, 1.0 - cos_safe ** 2))))
-    phi = factor[..., None] * w
-    theta2 = jnp.sum(phi * phi, -1)[..., None, None]
-    _, b, c = _sinc_terms(theta2)
-    k = skew(phi)
-    v = jnp.eye(3, dtype=T.dtype) + b * k + c * (k @ k)
-    rho = jnp.linalg.solve(v, t[..., None])[..., 0]
-    return jnp.concatenate([rho, phi], -1)
-
-
 def make_pose(rot, t):
     """[..., 3, 3], [..., 3] -> [..., 4, 4]."""
     rot = jnp.asarray(rot)

@@ -546,3 +546,17 @@ def test_learned_shading_explains_lighting_that_flat_colours_cannot(setup):
     # < 0.5x alone; without shading the two would be equal
     assert fits["sh2"][1] < 0.8 * fits["none"][1], fits
     assert fits["none"][1] < fits["none"][0], fits
+
+
+def test_prior_weight_last_is_used_at_the_last_of_several_levels():
+    """The last level of a coarse-to-fine schedule gets `prior_weight_last`.
+
+    A one-level schedule (the online engine) keeps `prior_weight` at its only level.
+    """
+    cfg = C.CalibrationConfig(levels=(2, 1), cycles_per_level=(20, 10), prior_weight=1e-3,
+                              prior_weight_last=1e-4)
+    assert [cfg.level_prior_weight(i) for i in range(2)] == [1e-3, 1e-4]
+    assert cfg.replace(levels=(2,), cycles_per_level=(10,)).level_prior_weight(0) == 1e-3
+    assert cfg.replace(prior_weight_last=None).level_prior_weight(1) == 1e-3
+    with pytest.raises(C.RealsimError, match="filter_px2"):
+        C.CalibrationConfig(filter_px2=0.0)

@@ -122,37 +122,3 @@ def test_foreign_mjcf_gym_aloha(gym_aloha_rig):
     x = _random_inputs(km, rng, 2)
     x["q"][:, 6::7] = rng.uniform(0.022, 0.05, (2, 2))
     _check_against_c(rig, model, km, x)
-
-
-def test_anchored_wrist_coordinates(builtin):
-    """Anchored wrist-camera coordinates (`calibration.mount_from_anchored`).
-
-    At the reference joints the wrist camera's world pose does not move with the offsets;
-    away from them it does; zero offsets are the identity map, and `mount_to_anchored`
-    inverts it (C MuJoCo float64 as the oracle).
-    """
-    from realsim_core.calibration import mount_from_anchored, mount_to_anchored
-    from realsim_core.se3 import se3_exp
-
-    rig, model, km = builtin
-    rng = np.random.default_rng(5)
-    J = len(km.joint_names)
-    q_ref = jnp.asarray(rng.uniform(-0.3, 0.3, J), jnp.float32)
-    off = jnp.asarray(rng.normal(0, 0.03, J), jnp.float32)
-    a = jnp.asarray(rng.normal(0, 0.01, (km.mounted_nominal.shape[0], 6)), jnp.float32)
-    np.testing.assert_allclose(mount_from_anchored(km, q_ref, jnp.zeros(J), a), a, atol=1e-6)
-    d = mount_from_anchored(km, q_ref, off, a)
-    np.testing.assert_allclose(mount_to_anchored(km, q_ref, off, d), a, atol=2e-6)
-
-    def world_cams(q, offsets, deltas):
-        poses = {c.name: np.asarray(km.mounted_nominal[i] @ se3_exp(deltas[i]), np.float64)
-                 for i, c in enumerate(rig.mounted_cameras)}
-        ref = reference_forward(rig, model, np.asarray(q + offsets, np.float64), poses)
-        return np.stack([ref.cameras[rig.camera_names.index(c.name)]
-                         for c in rig.mounted_cameras])
-
-    zero = np.zeros(J)
-    at_ref = world_cams(q_ref, off, d)
-    np.testing.assert_allclose(at_ref, world_cams(q_ref, zero, a), atol=POSE_TOL)
-    q_far = q_ref + 0.3
-    assert np.abs(world_cams(q_far, off, d) - world_cams(q_far, zero, a)).max() > 1e-3
