@@ -116,7 +116,8 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
                        flat_colour_levels=max(0, min(opts.flat_levels, n - 1)))
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed,
-                            near_bodies=C.mount_subtree_bodies(rig, model))
+                            near_bodies=C.mount_subtree_bodies(rig, model),
+                            exclude_planes=cfg.textured_planes)
     session = C.CalibrationSession(rig, model, intrinsics, gauss, cfg,
                                    max_frames=min(opts.max_frames, len(frames)))
     # keep an evenly spread subset when the recording is longer than the buffer

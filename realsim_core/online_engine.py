@@ -225,7 +225,8 @@ class SessionEstimator:
         enable_compilation_cache()  # the node process: same XLA cache as the CLI
         model = load_mjmodel(self.rig)
         gauss = rig_gaussians(model, self.n_gaussians, seed=self.cfg.seed,
-                              near_bodies=mount_subtree_bodies(self.rig, model))
+                              near_bodies=mount_subtree_bodies(self.rig, model),
+                              exclude_planes=self.cfg.textured_planes)
         s = CalibrationSession(self.rig, model, intrinsics, gauss, self.cfg,
                                max_frames=self.max_frames)
         s.set_start(dict(self._start.joint_offsets),

@@ -186,6 +186,26 @@ def test_make_estimator_refuses_unknown_and_bad_options():
     assert est.cfg.levels == (1,) and est.n_gaussians == 100 and not est.drift_enabled
 
 
+def test_estimator_without_textured_planes_keeps_the_floor_and_table_as_surfels():
+    """`textured_planes: false` must not also drop the planes' surfels (no table at all)."""
+    from realsim_core.online import nominal_calibration
+    from realsim_core.online_engine import make_estimator
+    from realsim_core.rig import intrinsics_from_fovy, load_rig
+
+    rig = load_rig("builtin:aloha2")
+    start = nominal_calibration(rig)
+    intr = {c.name: intrinsics_from_fovy(64, 36, 58.0) for c in rig.cameras}
+    on_world = {}
+    for planes in (True, False):
+        est = make_estimator(rig, start, levels=[1], n_gaussians=2000, drift=False,
+                             textured_planes=planes)
+        est._build(intr)
+        assert (est.session.static.planes is None) == (not planes)
+        on_world[planes] = int((np.asarray(est.session.static.gauss.body) == 0).sum())
+    assert on_world[True] == 0          # the floor is a textured plane
+    assert on_world[False] > 0          # the floor is surfels again
+
+
 # ------------------------------------------------------------------ the online loop
 
 
