@@ -45,8 +45,11 @@ from realsim_core.online import DriftDetector
 from realsim_core.sync import FrameSet
 from realsim_core.types import CameraIntrinsics
 
-#: the default engine config of the node: one pyramid level (half resolution)
-DEFAULT_CONFIG = CalibrationConfig(levels=(2,), warmup_colour_steps=40)
+#: the default engine config of the node: one pyramid level (half resolution), table top
+#: and floor as surfels. The online engine has no flat level, and textured planes painted
+#: at the nominal poses pull the fixed cameras away (`make demo`, 2026-12-01: TCP 7.62 mm
+#: and cam_high 14.7 mm with them, 4.66 mm and 5.3 mm without; docs/calibration.md)
+DEFAULT_CONFIG = CalibrationConfig(levels=(2,), warmup_colour_steps=40, textured_planes=False)
 
 class SessionEstimator:
     """`Estimator` backed by a `CalibrationSession` (built once intrinsics are known).
