@@ -282,7 +282,7 @@ def _object_centric_one(kind: str, cfg, n_views: int, resolution: int, eval_px: 
                         jnp.asarray(g["sh"]), jnp.asarray(tv.T_world_cam, jnp.float32), it,
                         covars=jnp.asarray(g["covars"]), sh_degree=0,
                         background=jnp.zeros(3), capacity=cfg.capacity,
-                        antialiased=cfg.antialiased)
+                        antialiased=cfg.antialiased, filter_px2=cfg.filter_px2)
         target = losses.downsample(jnp.asarray(tv.image * tv.mask[..., None], jnp.float32)
                                    / 255.0, resolution // eval_px)
         psnrs.append(float(losses.psnr(out.rgb, target)))

@@ -83,6 +83,11 @@ class ObjectConfig:
     surfel: bool = True               # normal scale = float32 eps (False: learned)
     antialiased: bool = False         # rasterizer opacity compensation (Mip-Splatting):
     #                                   no silhouette bias, but fades sub-pixel surfels
+    filter_px2: float = 0.1           # rasterizer low-pass (px^2 added to every 2D
+    #                                   covariance) at the source images' pixel scale ...
+    filter_follow_zoom: bool = True   # ... x max(1, s)^2, s = the median over the views
+    #                                   of virtual px per source px (coarse sources seen
+    #                                   upsampled want a wider filter; docs/objects.md)
     refine_cameras: bool = True
     zoom_views: bool = True           # per-view focal length: the object fills every crop
     #                                   (False: one focal for all views, <= the native one)
@@ -311,25 +316,38 @@ class _Static(NamedTuple):
     log_scale_max: jnp.ndarray | None = None  # [G, 2] upper bound of params["log_scales"]
     smooth: jnp.ndarray | None = None  # [V, V] (I + lambda L)^-1: deltas = smooth @ u
     zoom: jnp.ndarray | None = None  # [N] focal of each view / intr's (None: all 1)
+    filter_px2: float = 0.1       # the rasteriser's low-pass for these views (px^2)
 
 
-def _select_views(views: list[View], max_views: int) -> list[View]:
-    """Keep up to max_views views with the object, preferring larger masks per camera."""
+def _select_views(views: list[View], max_views: int, view_spacing_m: float = 0.1) -> list[View]:
+    """Keep up to max_views views with the object, as many distinct viewpoints as possible.
+
+    Greedy farthest-point selection from the view with the largest mask: the next view is
+    the one farthest from every kept one, distance = camera-centre distance + view_spacing_m
+    x the angle (rad) between the optical axes, times min(1, mask area / median area) so
+    that slivers at the image border are not picked for their position alone. A static
+    camera repeats one viewpoint in every frame: its copies (distance 0) come last, the
+    larger (less occluded) masks first.
+    """
     seen = [v for v in views if v.mask is not None and np.any(v.mask)]
     if len(seen) <= max_views:
         return seen
-    # round-robin over cameras, each camera's views by decreasing mask area
-    by_cam: dict[int, list[View]] = {}
-    for v in sorted(seen, key=lambda v: -int(np.count_nonzero(v.mask))):
-        by_cam.setdefault(v.camera, []).append(v)
-    out: list[View] = []
-    while len(out) < max_views:
-        for c in list(by_cam):
-            if by_cam[c]:
-                out.append(by_cam[c].pop(0))
-            if len(out) == max_views:
-                break
-    return out
+    area = np.array([np.count_nonzero(v.mask) for v in seen], np.float64)
+    centre = np.stack([np.asarray(v.T_world_cam, np.float64)[:3, 3] for v in seen])
+    axis = np.stack([np.asarray(v.T_world_cam, np.float64)[:3, 2] for v in seen])
+    weight = np.minimum(1.0, area / np.median(area))
+    first = int(np.argmax(area))
+    kept = [first]
+    dmin = np.full(len(seen), np.inf)
+    while len(kept) < max_views:
+        j = kept[-1]
+        ang = np.arccos(np.clip(axis @ axis[j], -1.0, 1.0))
+        dmin = np.minimum(dmin, np.linalg.norm(centre - centre[j], axis=1)
+                          + view_spacing_m * ang)
+        score = dmin * weight + 1e-9 * area      # ties (duplicates): larger mask first
+        score[kept] = -np.inf
+        kept.append(int(np.argmax(score)))
+    return [seen[i] for i in kept]
 
 
 def mask_extent_radius(views: list[View], centre: np.ndarray, quantile: float = 1.0) -> float:
@@ -417,8 +435,26 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
         cam_index=jnp.asarray(cams, jnp.int32), images=f32(np.stack(imgs)),
         masks=f32(np.stack(masks)), edt=f32(np.stack(edts)), valid=f32(np.stack(valid)),
         normals=f32(np.stack(norms)) if len(norms) == len(views) else None,
-        zoom=f32(focal / f) if cfg.zoom_views else None)
+        zoom=f32(focal / f) if cfg.zoom_views else None,
+        filter_px2=view_filter_px2(cfg, np.asarray(focal) / np.array(
+            [v.intrinsics.fx for v in views])))
     return fields, vintr
+
+
+def view_filter_px2(cfg: ObjectConfig, px_per_source_px: np.ndarray) -> float:
+    """The rasteriser's low-pass (px^2) for one object's views, magnified `px_per_source_px`
+    [N] times from their source images: `cfg.filter_px2` x max(1, median s)^2.
+
+    Sharp sources (object-centric: s ~ 0.3-0.5) get the narrow filter, which keeps the
+    surfels' rims from widening the silhouette; coarse rig images seen upsampled
+    (s ~ 1.6-2.7 at 212x120) get a wider one, as their observations are blurred over s
+    virtual pixels. One value per object (the rasteriser's filter is static); a per-view
+    filter was measured worse (docs/objects.md).
+    """
+    s = np.asarray(px_per_source_px, np.float64)
+    if not cfg.filter_follow_zoom or s.size == 0:
+        return float(cfg.filter_px2)
+    return float(cfg.filter_px2) * max(1.0, float(np.median(s))) ** 2
 
 
 # ----------------------------------------------------------------------------- model
@@ -524,30 +560,35 @@ def render_views(static: _Static, params, idx, cfg: ObjectConfig, intr=None):
     intrinsics are static, so the Gaussians are moved into the view's camera frame and
     scaled by diag(z, z, 1) there (means and covariances: u = f z x / z_c is exact, and so
     is the EWA Jacobian), then rendered from the identity pose.
-    """
-    from realsim_core.render import rasterize
 
+    The rasteriser's low-pass is `static.filter_px2` (`view_filter_px2`).
+    """
     g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale)
     poses = view_poses(static, params, idx)
     intr = static.intr if intr is None else intr
     zoom = (jnp.ones(idx.shape, g.means.dtype) if static.zoom is None
             else static.zoom[idx])
-    eye = jnp.eye(4, dtype=g.means.dtype)
+    return jax.vmap(lambda p, z: _render_gaussians(g, p, z, static.filter_px2, cfg, intr))(
+        poses, zoom)
 
-    def one(pose, z):
-        R = pose[:3, :3]
-        n_cam = g.normals @ R  # world -> virtual camera frame
-        s = jnp.stack([z, z, jnp.ones_like(z)])
-        A = R * s[None, :]  # x_view = A^T (x_world - t)
-        means = (g.means - pose[:3, 3]) @ A
-        covars = jnp.swapaxes(A, 0, 1)[None] @ g.covars @ A[None]
-        out = rasterize(means, None, None, g.opacities, g.sh, eye, intr,
-                        covars=covars, sh_degree=0, features=n_cam,
-                        background=jnp.zeros(3, g.means.dtype), tile_size=cfg.tile_size,
-                        capacity=cfg.capacity, antialiased=cfg.antialiased)
-        return out.rgb, out.alpha, out.features
 
-    return jax.vmap(one)(poses, zoom)
+def _render_gaussians(g, pose, z, filter_px2: float, cfg: ObjectConfig,
+                      intr: CameraIntrinsics):
+    """One view of world Gaussians g: pose T_world_view [4, 4], zoom z (see render_views)."""
+    from realsim_core.render import rasterize
+
+    R = pose[:3, :3]
+    n_cam = g.normals @ R  # world -> virtual camera frame
+    s = jnp.stack([z, z, jnp.ones_like(z)])
+    A = R * s[None, :]  # x_view = A^T (x_world - t)
+    means = (g.means - pose[:3, 3]) @ A
+    covars = jnp.swapaxes(A, 0, 1)[None] @ g.covars @ A[None]
+    out = rasterize(means, None, None, g.opacities, g.sh, jnp.eye(4, dtype=g.means.dtype),
+                    intr, covars=covars, sh_degree=0, features=n_cam,
+                    background=jnp.zeros(3, g.means.dtype), tile_size=cfg.tile_size,
+                    capacity=cfg.capacity, antialiased=cfg.antialiased,
+                    filter_px2=filter_px2)
+    return out.rgb, out.alpha, out.features
 
 
 def loss_terms(static: _Static, params, idx, cfg: ObjectConfig) -> dict:
@@ -695,6 +736,9 @@ class MaskConfig:
     lift_m: float = 0.02
     cluster_m: float = 0.06        # components closer than this on the table are one object
     min_views: int = 3             # objects seen in fewer views are dropped
+    min_cameras: int = 2           # ... or seen by fewer distinct cameras (a static
+    #                                camera repeats its view every frame, so one camera's
+    #                                persistent residual passes min_views on its own)
     workspace_xy: tuple = (-0.5, 0.5, -0.4, 0.4)  # xmin, xmax, ymin, ymax on the table
 
 
@@ -728,6 +772,11 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
     cluster_m; clusters seen in fewer than min_views views or outside the workspace are
     dropped. Then every component (shallow views too) is given to the objects whose
     centres project into it; one holding several is split by the nearest projected centre.
+    A cluster placed from fewer than min_cameras distinct cameras gets a component only
+    where no better-seen cluster claims it, and objects seen (after this pass) by fewer
+    than min_cameras cameras are dropped: a persistent residual of one static camera
+    passes min_views alone, and its centre may project into another camera's blob of a
+    real object along a grazing ray.
     Returns, per object, a list of [H, W] bool masks aligned with `views` (all False
     where the view misses it).
     """
@@ -760,6 +809,8 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
             centres.append(xy)
             members.append([(i, cm, xy)])
     keep = [k for k, mem in enumerate(members) if len({i for i, _, _ in mem}) >= cfg.min_views]
+    strong = [len({views[i].camera for i, _, _ in members[k]}) >= cfg.min_cameras
+              for k in keep]
     centres3 = [np.r_[np.mean([x for _, _, x in members[k]], 0), cfg.table_z + cfg.lift_m]
                 for k in keep]
     per_obj = [[np.zeros(np.asarray(v.image).shape[:2], bool) for v in views] for _ in keep]
@@ -778,6 +829,8 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
             ui, wi = int(round(u)), int(round(w))
             if 0 <= wi < cm.shape[0] and 0 <= ui < cm.shape[1] and near(cm, wi, ui):
                 inside.append((k, u, w))
+        if any(strong[k] for k, _, _ in inside):
+            inside = [x for x in inside if strong[x[0]]]
         if len(inside) >= 2:
             vs, us = np.nonzero(cm)
             d = np.stack([(us - u) ** 2 + (vs - w) ** 2 for _, u, w in inside])
@@ -791,8 +844,11 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
             dists = [np.linalg.norm(xy - c[:2]) for c in centres3]
             if dists and min(dists) < cfg.cluster_m:
                 per_obj[int(np.argmin(dists))][i] |= cm
-    order = sorted(range(len(keep)), key=lambda k: (round(float(centres3[k][0]), 3),
-                                                   round(float(centres3[k][1]), 3)))
+    seen_by = [len({views[i].camera for i, m in enumerate(per_obj[k]) if m.any()})
+               for k in range(len(keep))]
+    order = sorted((k for k in range(len(keep)) if seen_by[k] >= cfg.min_cameras),
+                   key=lambda k: (round(float(centres3[k][0]), 3),
+                                  round(float(centres3[k][1]), 3)))
     return [per_obj[k] for k in order]
 
 

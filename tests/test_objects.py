@@ -111,6 +111,74 @@ def test_boundary_edt_and_triangulation():
         O.triangulate_rays(o[:2] * 0, np.array([[1.0, 0, 0], [2.0, 0, 0]]))
 
 
+def test_split_objects_needs_two_cameras():
+    """A blob that one static camera repeats in every frame is not an object; a blob seen
+    by two cameras is (objects-rig: cam_high's persistent residuals passed min_views)."""
+    from realsim_core.types import CameraIntrinsics
+
+    intr = CameraIntrinsics(120, 90, 100.0, 100.0, 59.5, 44.5)
+
+    def cam_at(eye, target):
+        z = np.asarray(target, float) - eye
+        z /= np.linalg.norm(z)
+        x = np.cross(z, [0.0, 0.0, 1.0])
+        x /= np.linalg.norm(x)
+        T = np.eye(4)
+        T[:3, :3] = np.stack([x, np.cross(z, x), z], 1)   # optical: z fwd, y down
+        T[:3, 3] = eye
+        return T
+
+    cams = [cam_at(np.array([0.0, -0.6, 0.7]), [0.0, 0.0, 0.0]),
+            cam_at(np.array([0.5, 0.4, 0.6]), [0.0, 0.0, 0.0])]
+    vv, uu = np.mgrid[0:90, 0:120]
+
+    def disk(T, p, r=4):
+        q = T[:3, :3].T @ (np.asarray(p) - T[:3, 3])
+        u, v = 100.0 * q[0] / q[2] + 59.5, 100.0 * q[1] / q[2] + 44.5
+        return (uu - u) ** 2 + (vv - v) ** 2 <= r ** 2
+
+    obj = [0.05, -0.05, 0.02]          # on the table (z = table + lift)
+    ghost = [-0.25, 0.15, 0.02]        # camera 0's persistent residual
+    views, masks = [], []
+    for _frame in range(4):
+        for c, T in enumerate(cams):
+            views.append(O.View(np.zeros((90, 120, 3)), T, intr, c))
+            masks.append(disk(T, obj) | (disk(T, ghost) if c == 0 else False))
+    found = O.split_objects(views, masks, O.MaskConfig())
+    assert len(found) == 1
+    assert all(m.sum() == disk(v.T_world_cam, obj).sum() for v, m in zip(views, found[0]))
+    # the old rule (min_views only) keeps the ghost
+    assert len(O.split_objects(views, masks, O.MaskConfig(min_cameras=1))) == 2
+
+
+def test_view_selection_prefers_distinct_viewpoints():
+    """40 frames of a static camera (one viewpoint) and of a moving one: the kept views
+    are the static camera's largest mask once, then the moving camera's spread-out poses."""
+    from realsim_core.types import CameraIntrinsics
+
+    intr = CameraIntrinsics(40, 30, 40.0, 40.0, 19.5, 14.5)
+    views = []
+    for k in range(40):
+        T = np.eye(4)
+        T[:3, 3] = [0.0, -0.5, 0.5]                   # static: the same pose every frame
+        m = np.zeros((30, 40), bool)
+        m[10:20, 10:10 + 5 + k % 7] = True            # occlusion changes the mask size
+        views.append(O.View(np.zeros((30, 40, 3)), T, intr, 0, m))
+    for k in range(40):
+        T = np.eye(4)
+        T[:3, 3] = [0.01 * k, 0.3, 0.4]               # moving: 1 cm per frame
+        m = np.zeros((30, 40), bool)
+        m[10:20, 10:20] = True
+        views.append(O.View(np.zeros((30, 40, 3)), T, intr, 1, m))
+    kept = O._select_views(views, 6)
+    static = [v for v in kept if v.camera == 0]
+    assert len(static) == 1 and np.count_nonzero(static[0].mask) == 10 * 11
+    xs = sorted(v.T_world_cam[0, 3] for v in kept if v.camera == 1)
+    assert len(xs) == 5 and xs[0] == pytest.approx(0.0) and xs[-1] == pytest.approx(0.39)
+    assert min(np.diff(xs)) > 0.06                    # spread over the 39 cm path
+    assert O._select_views(views[:3], 6) == views[:3]  # fewer than max: all of them
+
+
 def test_mask_extent_radius_known_answer():
     """Disk masks around the projected centre: radius (px + 0.5) x depth / f, max over views."""
     from realsim_core.types import CameraIntrinsics
@@ -218,7 +286,10 @@ def test_every_view_is_zoomed_so_the_render_shows_the_whole_mesh():
     from realsim_core.types import CameraIntrinsics
 
     views = _rig_like_sphere_views()
-    cfg = O.ObjectConfig(crop_px=64)
+    # the 3DGS filter, one for all views: this test is about the zoom's geometry; the
+    # default filter follows the median magnification (s ~ 6 here: 3.6 px^2, which grows
+    # the near views' silhouettes by a third; rig views have s ~ 2, docs/objects.md)
+    cfg = O.ObjectConfig(crop_px=64, filter_px2=0.3, filter_follow_zoom=False)
     static, params = O._init(views, cfg, "sphere", 4)
     zoom = np.asarray(static.zoom)
     # the far views are zoomed ~1.1 / 0.3 = 3.7x more than the near ones
@@ -239,8 +310,17 @@ def test_every_view_is_zoomed_so_the_render_shows_the_whole_mesh():
     it = static.intr
     zi = CameraIntrinsics(it.width, it.height, it.fx * zoom[2], it.fy * zoom[2], it.cx, it.cy)
     ref = rasterize(g.means, None, None, g.opacities, g.sh, pose, zi, covars=g.covars,
-                    sh_degree=0, background=jnp.zeros(3), capacity=cfg.capacity)
+                    sh_degree=0, background=jnp.zeros(3), capacity=cfg.capacity,
+                    filter_px2=static.filter_px2)
     np.testing.assert_allclose(np.asarray(alpha[2]), np.asarray(ref.alpha), atol=ZOOM_ALPHA_ATOL)
+
+
+def test_view_filter_follows_the_median_magnification():
+    cfg = O.ObjectConfig(filter_px2=0.1)
+    assert O.view_filter_px2(cfg, np.array([0.3, 0.4, 0.5])) == pytest.approx(0.1)
+    assert O.view_filter_px2(cfg, np.array([1.5, 2.0, 6.0])) == pytest.approx(0.4)
+    assert O.view_filter_px2(cfg.replace(filter_follow_zoom=False),
+                             np.array([1.5, 2.0, 6.0])) == pytest.approx(0.1)
 
 
 # ------------------------------------------------------------------- known answer
