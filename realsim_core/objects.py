@@ -442,9 +442,10 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
 
 
 def view_filter_px2(cfg: ObjectConfig, px_per_source_px: np.ndarray) -> float:
-    """The rasteriser's low-pass (px^2) for one object's views, magnified `px_per_source_px`
-    [N] times from their source images: `cfg.filter_px2` x max(1, median s)^2.
+    """The rasteriser's low-pass (px^2) for one object's views (`cfg.filter_px2` x ...).
 
+    The views are magnified `px_per_source_px` [N] times from their source images; the
+    filter is `cfg.filter_px2` x max(1, median s)^2.
     Sharp sources (object-centric: s ~ 0.3-0.5) get the narrow filter, which keeps the
     surfels' rims from widening the silhouette; coarse rig images seen upsampled
     (s ~ 1.6-2.7 at 212x120) get a wider one, as their observations are blurred over s

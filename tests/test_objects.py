@@ -112,8 +112,11 @@ def test_boundary_edt_and_triangulation():
 
 
 def test_split_objects_needs_two_cameras():
-    """A blob that one static camera repeats in every frame is not an object; a blob seen
-    by two cameras is (objects-rig: cam_high's persistent residuals passed min_views)."""
+    """A blob that one static camera repeats in every frame is not an object.
+
+    A blob seen by two cameras is (objects-rig: cam_high's persistent residuals passed
+    min_views).
+    """
     from realsim_core.types import CameraIntrinsics
 
     intr = CameraIntrinsics(120, 90, 100.0, 100.0, 59.5, 44.5)
@@ -152,8 +155,10 @@ def test_split_objects_needs_two_cameras():
 
 
 def test_view_selection_prefers_distinct_viewpoints():
-    """40 frames of a static camera (one viewpoint) and of a moving one: the kept views
-    are the static camera's largest mask once, then the moving camera's spread-out poses."""
+    """Kept views: the static camera's largest mask once, then spread-out moving poses.
+
+    40 frames of a static camera (one viewpoint) and of a moving one.
+    """
     from realsim_core.types import CameraIntrinsics
 
     intr = CameraIntrinsics(40, 30, 40.0, 40.0, 19.5, 14.5)
