@@ -732,7 +732,8 @@ class MaskConfig:
     mad_k: float = 6.0             # robust threshold: median + k * 1.4826 MAD
     open_px: int = 1               # binary opening iterations (removes thin edge residuals)
     close_px: int = 2              # binary closing iterations
-    min_area_px: int = 20          # smaller components are dropped
+    min_area_px: int = 20          # smaller components are dropped (px at 212x120,
+    #                                scaled with the image's pixel count)
     table_z: float = 0.0           # world z of the table top (rays are cut at table_z + lift)
     lift_m: float = 0.02
     cluster_m: float = 0.06        # components closer than this on the table are one object
@@ -740,6 +741,10 @@ class MaskConfig:
     min_cameras: int = 2           # ... or seen by fewer distinct cameras (a static
     #                                camera repeats its view every frame, so one camera's
     #                                persistent residual passes min_views on its own)
+    min_seen_fraction: float = 0.3  # ... or found in fewer than this share of the views
+    #                                whose image contains its centre (objects are static:
+    #                                424x240 rig scene, true objects 0.66-1.0, misfit
+    #                                residuals of the wrist views 0.02-0.08)
     workspace_xy: tuple = (-0.5, 0.5, -0.4, 0.4)  # xmin, xmax, ymin, ymax on the table
 
 
@@ -760,7 +765,7 @@ def residual_mask(observed: np.ndarray, rendered: np.ndarray, cfg: MaskConfig) -
     if n:
         areas = ndimage.sum(m, lab, index=np.arange(1, n + 1))
         keep = np.zeros(n + 1, bool)
-        keep[1:] = areas >= cfg.min_area_px
+        keep[1:] = areas >= cfg.min_area_px * m.size / (212 * 120)
         m = keep[lab]
     return m
 
@@ -777,7 +782,9 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
     where no better-seen cluster claims it, and objects seen (after this pass) by fewer
     than min_cameras cameras are dropped: a persistent residual of one static camera
     passes min_views alone, and its centre may project into another camera's blob of a
-    real object along a grazing ray.
+    real object along a grazing ray. Objects found in fewer than min_seen_fraction of
+    the views whose image contains their centre are dropped too (a table object is
+    static; a residual of a misfit link comes and goes with the robot).
     Returns, per object, a list of [H, W] bool masks aligned with `views` (all False
     where the view misses it).
     """
@@ -847,10 +854,24 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
                 per_obj[int(np.argmin(dists))][i] |= cm
     seen_by = [len({views[i].camera for i, m in enumerate(per_obj[k]) if m.any()})
                for k in range(len(keep))]
-    order = sorted((k for k in range(len(keep)) if seen_by[k] >= cfg.min_cameras),
+    seen = [sum(bool(m.any()) for m in per_obj[k]) for k in range(len(keep))]
+    could = [sum(_projects_inside(v, centres3[k]) for v in views) for k in range(len(keep))]
+    order = sorted((k for k in range(len(keep)) if seen_by[k] >= cfg.min_cameras
+                    and seen[k] >= cfg.min_seen_fraction * could[k]),
                    key=lambda k: (round(float(centres3[k][0]), 3),
                                   round(float(centres3[k][1]), 3)))
     return [per_obj[k] for k in order]
+
+
+def _projects_inside(view: View, point: np.ndarray) -> bool:
+    """Whether world `point` projects into `view`'s image, in front of the camera."""
+    T = np.asarray(view.T_world_cam, np.float64)
+    p = T[:3, :3].T @ (np.asarray(point, np.float64) - T[:3, 3])
+    if p[2] <= 1e-6:
+        return False
+    it = view.intrinsics
+    u, v = it.fx * p[0] / p[2] + it.cx, it.fy * p[1] / p[2] + it.cy
+    return bool(0 <= u < it.width and 0 <= v < it.height)
 
 
 def near(mask: np.ndarray, row: int, col: int, radius: int = 3) -> bool:

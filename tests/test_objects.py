@@ -111,6 +111,20 @@ def test_boundary_edt_and_triangulation():
         O.triangulate_rays(o[:2] * 0, np.array([[1.0, 0, 0], [2.0, 0, 0]]))
 
 
+def test_residual_mask_min_area_scales_with_the_image():
+    """min_area_px is set at 212x120 and scales with the pixel count.
+
+    A 5x5 px residual is kept at 212x120 and dropped at 424x240, where the same object
+    covers 4x the pixels (10x10 is kept).
+    """
+    cfg = O.MaskConfig(open_px=0, close_px=0)
+    for (h, w), side, kept in (((120, 212), 5, True), ((240, 424), 5, False),
+                               ((240, 424), 10, True)):
+        obs = np.zeros((h, w, 3))
+        obs[40:40 + side, 60:60 + side] = 1.0
+        assert O.residual_mask(obs, np.zeros((h, w, 3)), cfg).any() == kept, (h, side)
+
+
 def test_split_objects_needs_two_cameras():
     """A blob that one static camera repeats in every frame is not an object.
 
@@ -151,7 +165,18 @@ def test_split_objects_needs_two_cameras():
     assert len(found) == 1
     assert all(m.sum() == disk(v.T_world_cam, obj).sum() for v, m in zip(views, found[0]))
     # the old rule (min_views only) keeps the ghost
-    assert len(O.split_objects(views, masks, O.MaskConfig(min_cameras=1))) == 2
+    assert len(O.split_objects(views, masks, O.MaskConfig(min_cameras=1,
+                                                          min_seen_fraction=0.0))) == 2
+    # a residual that comes and goes (3 of the 20 views that could see it, both cameras)
+    # is not an object either
+    views, masks = [], []
+    for frame in range(10):
+        for c, T in enumerate(cams):
+            views.append(O.View(np.zeros((90, 120, 3)), T, intr, c))
+            flicker = (c == 0 and frame in (2, 5)) or (c == 1 and frame == 7)
+            masks.append(disk(T, obj) | (disk(T, ghost) if flicker else False))
+    assert len(O.split_objects(views, masks, O.MaskConfig())) == 1
+    assert len(O.split_objects(views, masks, O.MaskConfig(min_seen_fraction=0.0))) == 2
 
 
 def test_view_selection_prefers_distinct_viewpoints():
