@@ -446,6 +446,7 @@ def view_filter_px2(cfg: ObjectConfig, px_per_source_px: np.ndarray) -> float:
 
     The views are magnified `px_per_source_px` [N] times from their source images; the
     filter is `cfg.filter_px2` x max(1, median s)^2.
+
     Sharp sources (object-centric: s ~ 0.3-0.5) get the narrow filter, which keeps the
     surfels' rims from widening the silhouette; coarse rig images seen upsampled
     (s ~ 1.6-2.7 at 212x120) get a wider one, as their observations are blurred over s
@@ -825,15 +826,12 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
     # second pass: every component goes to the objects whose centres project into it; a
     # component holding several (objects touching in this view) is split by nearest centre
     for i, cm, xy in comps:
-        v = views[i]
-        T = np.asarray(v.T_world_cam, np.float64)
         inside = []
         for k, c in enumerate(centres3):
-            p = T[:3, :3].T @ (c - T[:3, 3])
-            if p[2] <= 1e-6:
+            uv = _project(views[i], c)
+            if uv is None:
                 continue
-            u = v.intrinsics.fx * p[0] / p[2] + v.intrinsics.cx
-            w = v.intrinsics.fy * p[1] / p[2] + v.intrinsics.cy
+            u, w = uv
             ui, wi = int(round(u)), int(round(w))
             if 0 <= wi < cm.shape[0] and 0 <= ui < cm.shape[1] and near(cm, wi, ui):
                 inside.append((k, u, w))
@@ -855,7 +853,8 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
     seen_by = [len({views[i].camera for i, m in enumerate(per_obj[k]) if m.any()})
                for k in range(len(keep))]
     seen = [sum(bool(m.any()) for m in per_obj[k]) for k in range(len(keep))]
-    could = [sum(_projects_inside(v, centres3[k]) for v in views) for k in range(len(keep))]
+    could = [sum(_in_image(v, _project(v, centres3[k])) for v in views)
+             for k in range(len(keep))]
     order = sorted((k for k in range(len(keep)) if seen_by[k] >= cfg.min_cameras
                     and seen[k] >= cfg.min_seen_fraction * could[k]),
                    key=lambda k: (round(float(centres3[k][0]), 3),
@@ -863,15 +862,19 @@ def split_objects(views: list[View], masks: list[np.ndarray], cfg: MaskConfig) -
     return [per_obj[k] for k in order]
 
 
-def _projects_inside(view: View, point: np.ndarray) -> bool:
-    """Whether world `point` projects into `view`'s image, in front of the camera."""
+def _project(view: View, point: np.ndarray):
+    """Pixel (u, v) of world `point` in `view`, or None behind the camera."""
     T = np.asarray(view.T_world_cam, np.float64)
     p = T[:3, :3].T @ (np.asarray(point, np.float64) - T[:3, 3])
     if p[2] <= 1e-6:
-        return False
+        return None
     it = view.intrinsics
-    u, v = it.fx * p[0] / p[2] + it.cx, it.fy * p[1] / p[2] + it.cy
-    return bool(0 <= u < it.width and 0 <= v < it.height)
+    return it.fx * p[0] / p[2] + it.cx, it.fy * p[1] / p[2] + it.cy
+
+
+def _in_image(view: View, uv) -> bool:
+    return uv is not None and bool(0 <= uv[0] < view.intrinsics.width
+                                   and 0 <= uv[1] < view.intrinsics.height)
 
 
 def near(mask: np.ndarray, row: int, col: int, radius: int = 3) -> bool:
