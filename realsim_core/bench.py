@@ -252,7 +252,12 @@ def _object_centric_one(kind: str, cfg, n_views: int, resolution: int, eval_px: 
 
     from realsim_core import losses
     from realsim_core import objects as O
-    from realsim_core.evaluate import chamfer_mm2, sample_surface
+    from realsim_core.evaluate import (
+        chamfer_floor_mm2,
+        chamfer_mm2,
+        sample_surface,
+        surface_chamfer_mm2,
+    )
     from realsim_core.object_scenes import COLOURS, object_centric_views, procedural_mesh
     from realsim_core.render import rasterize
 
@@ -287,7 +292,9 @@ def _object_centric_one(kind: str, cfg, n_views: int, resolution: int, eval_px: 
                                    / 255.0, resolution // eval_px)
         psnrs.append(float(losses.psnr(out.rgb, target)))
         ssims.append(float(jnp.mean(losses.ssim_map(out.rgb, target))))
-    return {"cd_mm2": cd, "cd_start_mm2": cd0, "psnr_db": float(np.mean(psnrs)),
+    return {"cd_mm2": cd, "cd_surface_mm2": surface_chamfer_mm2(est, truth),
+            "cd_floor_mm2": chamfer_floor_mm2(truth), "cd_start_mm2": cd0,
+            "psnr_db": float(np.mean(psnrs)),
             "ssim": float(np.mean(ssims)), "fit_s": wall, "views_train": len(train),
             "views_test": len(test)}
 
@@ -319,8 +326,9 @@ def _objects_centric(quick: bool, kinds=None, **cfg_kw) -> dict:
         for k, row in rows.items():
             for m, val in row.items():
                 out[f"{vname}/{k}/{m}"] = round(val, 4) if isinstance(val, float) else val
-        out[f"{vname}/cd_mean_mm2"] = round(float(np.mean([r["cd_mm2"] for r in rows.values()])),
-                                            4)
+        for m in ("cd_mm2", "cd_surface_mm2", "cd_floor_mm2"):
+            out[f"{vname}/{m.replace('_mm2', '_mean_mm2')}"] = round(
+                float(np.mean([r[m] for r in rows.values()])), 4)
         out[f"{vname}/psnr_mean_db"] = round(
             float(np.mean([r["psnr_db"] for r in rows.values()])), 2)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -348,7 +356,7 @@ def bench_objects_rig(quick: bool = False, workdir: str | None = None) -> dict:
 
     from realsim_core import objects as O
     from realsim_core.calibration_io import Calibration
-    from realsim_core.evaluate import object_chamfers
+    from realsim_core.evaluate import object_chamfer_details
 
     frames, res = (8, (212, 120)) if quick else (40, (424, 240))
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
@@ -367,17 +375,24 @@ def bench_objects_rig(quick: bool = False, workdir: str | None = None) -> dict:
     cfg = O.ObjectConfig(steps=100 if quick else 300, crop_px=64)
     objs, results, _ = O.reconstruct_session_objects(session, root / "meshes", cfg,
                                                      label_masks=labels)
-    cds = object_chamfers(Calibration(objects=tuple(objs)), gt)
+    det = object_chamfer_details(Calibration(objects=tuple(objs)), gt)
+    cds = {k: d["chamfer_mm2"] for k, d in det.items()}
     vals = [v for v in cds.values() if v is not None]
+    surf = [d["surface_mm2"] for d in det.values() if d["surface_mm2"] is not None]
     out = {"frames": frames, "resolution": f"{res[0]}x{res[1]}", "steps": cfg.steps,
            "crop_px": cfg.crop_px, "objects_true": len(gt.truth.objects),
            "objects_reconstructed": len(objs), "objects_from_residual_masks": len(derived),
            "cd_median_mm2": round(float(np.median(vals)), 4) if vals else None,
+           "cd_surface_median_mm2": round(float(np.median(surf)), 4) if surf else None,
+           "cd_floor_median_mm2": round(float(np.median([d["floor_mm2"] for d in det.values()])),
+                                        4),
            "residual_mask_iou_mean": round(float(np.mean(ious)), 4) if ious else None,
            "setup_s": round(t_setup, 1), "reconstruct_s": round(time.perf_counter() - t1, 1),
            "wall_s": round(time.perf_counter() - t0, 1)}
-    for k, v in cds.items():
-        out[f"cd/{k}"] = None if v is None else round(v, 4)
+    for k, d in det.items():
+        for m, name in (("chamfer_mm2", "cd"), ("surface_mm2", "cd_surface"),
+                        ("floor_mm2", "cd_floor")):
+            out[f"{name}/{k}"] = None if d[m] is None else round(d[m], 4)
     for k, v in enumerate(ious):
         out[f"iou/object_{k}"] = round(v, 4)
     if tmp is not None:

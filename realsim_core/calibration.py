@@ -100,6 +100,9 @@ class CalibrationConfig:
     optimise_joints: bool = True
     optimise_cameras: bool = True
     holdout_fraction: float = 0.2
+    camera_guard: bool = True                    # on acceptance, a camera whose held-out
+                                                 # L1 is lower at its accepted pose keeps
+                                                 # that pose (CalibrationSession.try_accept)
     tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md
     capacity: int = 128                          # Gaussians per tile (nearest kept)
     cull_backfaces: bool = True                  # surfels facing away take no tile slots
@@ -254,6 +257,7 @@ class Metrics:
     accepted: int = 0
     rejected: int = 0
     rollbacks: int = 0
+    camera_reverts: int = 0                       # camera poses kept by the camera guard
     level: int = 0
     steps_per_s: float = 0.0
     history: list = field(default_factory=list)   # (step, loss, holdout) tuples
@@ -406,6 +410,18 @@ def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_l
         total = total + jnp.sum(w * per.mean(axis=(-2, -1)))
         wsum = wsum + jnp.sum(w)
     return total / jnp.maximum(wsum, 1e-8)
+
+
+def _photometric_per_camera(static: _Static, params, bufs: Buffers, idx, level: int):
+    """Per-camera L1 over frames `idx` [B] -> (sum over valid images [C], count [C])."""
+    renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level)
+    sums, counts = [], []
+    for c, rgb in enumerate(renders):
+        v = bufs.valid[idx, c]                                        # [B]
+        per = losses.l1_map(rgb, bufs.images[level][c][idx]).mean(axis=(-2, -1))
+        sums.append(jnp.sum(v * per))
+        counts.append(jnp.sum(v))
+    return jnp.stack(sums), jnp.stack(counts)
 
 
 def _prior(params, cfg: CalibrationConfig, nominal):
@@ -727,6 +743,58 @@ class CalibrationSession:
         vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32))) for i in sel]
         return float(np.mean(vals)) if vals else math.nan
 
+    def holdout_residual_per_camera(self, params=None) -> np.ndarray:
+        """Mean L1 per camera [C] over held-out frames (NaN: camera has no image there)."""
+        params = self.params if params is None else params
+        sel = np.flatnonzero(np.asarray(self.bufs.holdout))
+        if sel.size == 0:
+            sel = np.flatnonzero(np.asarray(self.bufs.train))
+        fn = self._eval_camera_fn(len(self.cfg.levels) - 1)
+        sums = np.zeros(len(self.cameras))
+        counts = np.zeros(len(self.cameras))
+        for i in sel:
+            s_, c_ = fn(params, self.bufs, jnp.asarray([i], jnp.int32))
+            sums += np.asarray(s_, np.float64)
+            counts += np.asarray(c_, np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, sums / counts, np.nan)
+
+    @functools.cache  # noqa: B019 - one per session and level, by design
+    def _eval_camera_fn(self, level: int):
+        return jax.jit(lambda p, b, i: _photometric_per_camera(self.static, p, b, i, level))
+
+    def camera_guard(self, params, reference):
+        """`params` with each camera pose whose held-out L1 is lower in `reference` reverted.
+
+        A camera's image depends on its own pose delta only (with the shared joints and
+        appearance), so one render of every camera at the reference deltas scores all the
+        reverts at once. Guards against a pose that drifted along a weakly observable
+        direction (a wrist camera trading with the wrist joints) while the total held-out
+        L1 still improved. Returns (params, names of the reverted cameras).
+        """
+        keys = ("fixed_deltas", "mounted_deltas")
+        if all(np.array_equal(np.asarray(params[k]), np.asarray(reference[k])) for k in keys):
+            return params, []
+        trial = {**params, **{k: reference[k] for k in keys}}
+        new = self.holdout_residual_per_camera(params)
+        ref = self.holdout_residual_per_camera(trial)
+        fixed = [c.name for c in self.rig.fixed_cameras]
+        mounted = [c.name for c in self.rig.mounted_cameras]
+        out = {k: np.asarray(params[k]).copy() for k in keys}
+        reverted = []
+        for ci, name in enumerate(self.cameras):
+            if not (np.isfinite(new[ci]) and np.isfinite(ref[ci])) or ref[ci] >= new[ci]:
+                continue
+            key, j = (("fixed_deltas", fixed.index(name)) if name in fixed
+                      else ("mounted_deltas", mounted.index(name)))
+            if np.array_equal(out[key][j], np.asarray(reference[key])[j]):
+                continue
+            out[key][j] = np.asarray(reference[key])[j]
+            reverted.append(name)
+        if not reverted:
+            return params, []
+        return {**params, **{k: jnp.asarray(out[k], jnp.float32) for k in keys}}, reverted
+
     @functools.cache  # noqa: B019 - one per session and level, by design
     def _eval_fn(self, level: int):
         return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
@@ -862,10 +930,17 @@ class CalibrationSession:
     def try_accept(self) -> bool:
         """Accept the current parameters iff the held-out L1 did not get worse.
 
-        Otherwise roll back to the accepted estimate (optimiser state reset). Returns
-        whether the estimate was accepted.
+        First (`camera_guard`), a camera whose own held-out L1 is lower at its accepted
+        pose keeps that pose. Otherwise roll back to the accepted estimate (optimiser
+        state reset). Returns whether the estimate was accepted.
         """
         m = self.metrics
+        if self.cfg.camera_guard and self.cfg.optimise_cameras:
+            guarded, reverted = self.camera_guard(self.params, self.accepted)
+            if reverted:
+                self.params = guarded
+                self._pose_state = self._pose_opt.init(guarded)  # stale moments
+                m.camera_reverts += len(reverted)
         res = self.holdout_residual(self.params)
         ok = bool(np.isfinite(res) and res <= m.holdout_l1)
         if ok:

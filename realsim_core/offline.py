@@ -159,6 +159,7 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
     write_calibration(out / "calibration.yaml", calib)
     metrics = {
         "frames": session.n_frames, "steps": m.steps, "rollbacks": m.rollbacks,
+        "camera_reverts": m.camera_reverts,
         "accepted": m.accepted, "rejected": m.rejected,
         "holdout_l1_start": m.holdout_l1_start, "holdout_l1": m.holdout_l1,
         "steps_per_s": m.steps_per_s, "load_s": t_load,

@@ -170,6 +170,7 @@ class SessionEstimator:
                "holdout_l1": float(m.holdout_l1), "holdout_l1_start": float(m.holdout_l1_start),
                "accepted": float(m.accepted), "rejected": float(m.rejected),
                "rollbacks": float(m.rollbacks), "frames": float(self.session.n_frames),
+               "camera_reverts": float(m.camera_reverts),
                "steps_per_s": m.steps / max(time.monotonic() - self._t0, 1e-9),
                "drift_events": float(len(self.drift_events))}
         out.update({f"residual/{c}": r for c, r in self.residuals.items()})

@@ -147,6 +147,37 @@ def test_uncertainty_shrinks_with_more_frames(setup):
     assert 0 < four["cam_high"]["translation_mm"] < prior_mm  # the images add information
 
 
+def test_camera_guard_keeps_the_accepted_pose_of_a_camera_that_got_worse(setup):
+    rig, s, qs = setup
+    fixed = [c.name for c in rig.fixed_cameras]
+    mounted = [c.name for c in rig.mounted_cameras]
+    truth = _fresh(s)
+    fd = np.zeros((len(fixed), 6), np.float32)
+    md = np.zeros((len(mounted), 6), np.float32)
+    fd[fixed.index("cam_high")] = [0.006, -0.004, 0.005, 0.004, -0.006, 0.003]
+    md[0] = [0.004, 0.003, -0.004, -0.005, 0.004, 0.006]
+    truth["fixed_deltas"], truth["mounted_deltas"] = jnp.asarray(fd), jnp.asarray(md)
+    _reset(s, truth, qs)                      # accepted: the nominal poses
+    cand_f, cand_m = 0.5 * fd, -md            # cam_high halfway there, wrist 0 the wrong way
+    cand_f[fixed.index("cam_low")] = [0.005, 0.0, -0.004, 0.0, 0.006, 0.0]  # truth is nominal
+    cand = {**s.accepted, "fixed_deltas": jnp.asarray(cand_f),
+            "mounted_deltas": jnp.asarray(cand_m)}
+    out, reverted = s.camera_guard(cand, s.accepted)
+    assert sorted(reverted) == sorted(["cam_low", mounted[0]])
+    np.testing.assert_array_equal(np.asarray(out["fixed_deltas"])[fixed.index("cam_high")],
+                                  cand_f[fixed.index("cam_high")])
+    np.testing.assert_array_equal(np.asarray(out["fixed_deltas"])[fixed.index("cam_low")], 0)
+    np.testing.assert_array_equal(np.asarray(out["mounted_deltas"])[0], 0)
+    np.testing.assert_array_equal(np.asarray(out["mounted_deltas"])[1:], cand_m[1:])
+    per_cam = s.holdout_residual_per_camera(out)
+    assert np.all(per_cam <= s.holdout_residual_per_camera(cand) + 1e-7)
+    # try_accept applies it: the accepted estimate holds the guarded poses
+    s.params = cand
+    s.metrics.holdout_l1 = s.holdout_residual(s.accepted)
+    assert s.try_accept() and s.metrics.camera_reverts == 2
+    np.testing.assert_array_equal(np.asarray(s.accepted["mounted_deltas"])[0], 0)
+
+
 def test_nan_step_is_rolled_back(setup):
     rig, s, qs = setup
     _reset(s, _fresh(s), qs)

@@ -15,7 +15,13 @@ from realsim_core.calibration_io import (
 )
 from realsim_core.cli import main
 from realsim_core.errors import RealsimError
-from realsim_core.evaluate import chamfer_mm2, evaluate, evaluate_files
+from realsim_core.evaluate import (
+    chamfer_floor_mm2,
+    chamfer_mm2,
+    evaluate,
+    evaluate_files,
+    surface_chamfer_mm2,
+)
 from realsim_core.synth import SynthConfig, synthesize
 
 MM, DEG = 6.0, 0.8
@@ -45,6 +51,8 @@ def test_truth_vs_truth_is_zero(rec):
     assert r.tcp_mm == pytest.approx(0, abs=1e-9) and r.tcp_frames == 5
     assert len(r.chamfer_mm2) == 2
     assert all(v == pytest.approx(0, abs=1e-6) for v in r.chamfer_mm2.values())
+    assert all(v == pytest.approx(0, abs=1e-9) for v in r.chamfer_surface_mm2.values())
+    assert all(v > 0.01 for v in r.chamfer_floor_mm2.values())  # identical samples only
 
 
 def test_nominal_vs_truth_is_injected(rec, tmp_path):
@@ -74,6 +82,27 @@ def test_chamfer_known_answers(rec, tmp_path):
     r = evaluate(Calibration(gt.truth.cameras, gt.truth.joint_offsets, tuple(shifted)), gt)
     for v in r.chamfer_mm2.values():
         assert 0.5 < v <= 8.0 + 0.5  # <= 2 * (2 mm)^2, > 0
+    for v in r.chamfer_surface_mm2.values():
+        assert 0.5 < v <= 8.0 + 1e-6
+
+
+def test_chamfer_floor_and_surface_distance():
+    import trimesh
+
+    sphere = trimesh.creation.icosphere(subdivisions=4, radius=0.025)
+    # nearest-neighbour distance in a 2-D Poisson sample of density rho: E[d^2] = 1/(pi rho);
+    # both ways: 2/(pi rho), ~0.50 mm^2 for 10,000 points on this sphere
+    rho = 10_000 / (sphere.area * 1e6)
+    assert chamfer_floor_mm2(sphere) == pytest.approx(2.0 / (np.pi * rho), rel=0.05)
+    # one surface, two triangulations: samples differ (floor), the surface distance does not
+    box = trimesh.creation.box(extents=(0.05, 0.035, 0.04))
+    fine = box.subdivide().subdivide()
+    assert chamfer_mm2(*(trimesh.sample.sample_surface(m, 10_000, seed=0)[0]
+                         for m in (box, fine))) > 0.3
+    assert surface_chamfer_mm2(box, fine) == pytest.approx(0.0, abs=1e-8)
+    # concentric spheres 1 mm apart: every sample is ~1 mm from the other surface
+    outer = trimesh.Trimesh(sphere.vertices * (0.026 / 0.025), sphere.faces, process=False)
+    assert surface_chamfer_mm2(sphere, outer) == pytest.approx(2.0, rel=0.01)
 
 
 def test_cli_json_and_errors(rec, tmp_path, capsys):
