@@ -100,9 +100,12 @@ class CalibrationConfig:
     optimise_joints: bool = True
     optimise_cameras: bool = True
     holdout_fraction: float = 0.2
-    camera_guard: bool = True                    # on acceptance, a camera whose held-out
-                                                 # L1 is lower at its accepted pose keeps
-                                                 # that pose (CalibrationSession.try_accept)
+    camera_guard: bool = True                    # on acceptance, a camera whose rendered
+                                                 # rig silhouette lies farther from the
+                                                 # image edges than at its accepted pose
+                                                 # keeps that pose (camera_guard) ...
+    guard_margin_px: float = 0.05                # ... by more than this (mean px)
+    guard_cap_px: float = 8.0                    # edge distances are capped (outliers)
     tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md
     capacity: int = 128                          # Gaussians per tile (nearest kept)
     cull_backfaces: bool = True                  # surfels facing away take no tile slots
@@ -340,8 +343,12 @@ def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]
     return list(groups.items())
 
 
-def render_batch(static: _Static, params, q, corr, level: int):
-    """Render every camera of frames q [B, J] -> list over cameras of rgb [B, H, W, 3]."""
+def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = False):
+    """Render every camera of frames q [B, J] -> list over cameras of rgb [B, H, W, 3].
+
+    alpha: also return the Gaussians' coverage (the rig geometry's silhouette, planes
+    excluded) per camera [B, H, W]: (rgbs, alphas).
+    """
     poses = kinematics.forward_batch(static.km, q, params["joint_offsets"], corr,
                                      params["fixed_deltas"], params["mounted_deltas"])
     means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss, poses.bodies)
@@ -353,6 +360,7 @@ def render_batch(static: _Static, params, q, corr, level: int):
             tex = jnp.broadcast_to(tex.mean(axis=(1, 2), keepdims=True), tex.shape)
         packed = pyramid(tex)
     out: list = [None] * len(static.intrinsics[level])
+    alphas: list = [None] * len(static.intrinsics[level])
     for intr, cams in _camera_groups(static.intrinsics[level]):
         cam_idx = jnp.asarray(cams, jnp.int32)
         bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, 3]
@@ -373,20 +381,21 @@ def render_batch(static: _Static, params, q, corr, level: int):
                           cull_backfaces=static.cull_backfaces, dilation=static.dilation,
                           filter_px2=static.filter_px2)
             if packed is None:
-                return r.rgb
+                return r.rgb, r.alpha
             # cameras that do not paint the planes see them, but send no gradient to them
             pk = pw * packed + (1.0 - pw) * jax.lax.stop_gradient(packed)
             plane_rgb, hit = render_planes(static.planes, pk, static.plane_res, pose, intr)
             behind = jnp.where(hit[..., None], plane_rgb, bg)
-            return r.rgb + (1.0 - r.alpha)[..., None] * behind
+            return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha
 
         # [B, k] renders: frames x cameras of this group, one trace
-        per_cam = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0, 0)),
-                           in_axes=(0, 0, 0, None, None))(
+        per_cam, per_alpha = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0, 0)),
+                                      in_axes=(0, 0, 0, None, None))(
             means, quats, poses.cameras[:, cam_idx], bgs, paint)
         for j, c in enumerate(cams):
             out[c] = per_cam[:, j]
-    return out
+            alphas[c] = per_alpha[:, j]
+    return (out, alphas) if alpha else out
 
 
 def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda,
@@ -412,16 +421,32 @@ def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_l
     return total / jnp.maximum(wsum, 1e-8)
 
 
-def _photometric_per_camera(static: _Static, params, bufs: Buffers, idx, level: int):
-    """Per-camera L1 over frames `idx` [B] -> (sum over valid images [C], count [C])."""
-    renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level)
-    sums, counts = [], []
-    for c, rgb in enumerate(renders):
-        v = bufs.valid[idx, c]                                        # [B]
-        per = losses.l1_map(rgb, bufs.images[level][c][idx]).mean(axis=(-2, -1))
-        sums.append(jnp.sum(v * per))
-        counts.append(jnp.sum(v))
-    return jnp.stack(sums), jnp.stack(counts)
+def edge_distance_map(image, cap_px: float = 8.0) -> np.ndarray:
+    """Distance (px, capped) of every pixel to the nearest image edge (Canny), [H, W].
+
+    The geometric half of the camera guard: the rig's rendered silhouette should lie on
+    edges of the observed image whatever the fitted colours are.
+    """
+    import cv2
+    from scipy import ndimage
+
+    img = np.asarray(image)
+    if img.dtype != np.uint8:
+        img = np.clip(np.asarray(img, np.float64) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    gray = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
+    edges = cv2.Canny(cv2.GaussianBlur(gray, (3, 3), 0), 30, 90) > 0
+    if not edges.any():
+        return np.full(gray.shape, cap_px)
+    return np.minimum(ndimage.distance_transform_edt(~edges), cap_px)
+
+
+def silhouette_edge_score(alpha, dist: np.ndarray) -> tuple[float, int]:
+    """(Sum of `dist` over the boundary pixels of alpha > 0.5, their count)."""
+    from scipy import ndimage
+
+    m = np.asarray(alpha) > 0.5
+    boundary = m & ~ndimage.binary_erosion(m, border_value=1)
+    return float(dist[boundary].sum()), int(boundary.sum())
 
 
 def _prior(params, cfg: CalibrationConfig, nominal):
@@ -743,47 +768,63 @@ class CalibrationSession:
         vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32))) for i in sel]
         return float(np.mean(vals)) if vals else math.nan
 
-    def holdout_residual_per_camera(self, params=None) -> np.ndarray:
-        """Mean L1 per camera [C] over held-out frames (NaN: camera has no image there)."""
+    def silhouette_edge_scores(self, params=None) -> np.ndarray:
+        """Mean distance (px) of each camera's rendered rig silhouette to image edges [C].
+
+        Over the held-out frames (training frames if none) at the finest level; NaN for a
+        camera that sees no rig geometry there. Appearance-free: the silhouette comes from
+        the Gaussians bound to the rig's meshes, the edges from the observed image.
+        """
         params = self.params if params is None else params
         sel = np.flatnonzero(np.asarray(self.bufs.holdout))
         if sel.size == 0:
             sel = np.flatnonzero(np.asarray(self.bufs.train))
-        fn = self._eval_camera_fn(len(self.cfg.levels) - 1)
+        level = len(self.cfg.levels) - 1
+        fn = self._alpha_fn(level)
         sums = np.zeros(len(self.cameras))
         counts = np.zeros(len(self.cameras))
         for i in sel:
-            s_, c_ = fn(params, self.bufs, jnp.asarray([i], jnp.int32))
-            sums += np.asarray(s_, np.float64)
-            counts += np.asarray(c_, np.float64)
+            alphas = fn(params, self.bufs, jnp.asarray([i], jnp.int32))
+            for c, a in enumerate(alphas):
+                if float(self.bufs.valid[i, c]) == 0:
+                    continue
+                dist = edge_distance_map(np.asarray(self.bufs.images[level][c][i]),
+                                         self.cfg.guard_cap_px)
+                s_, n_ = silhouette_edge_score(np.asarray(a[0]), dist)
+                sums[c] += s_
+                counts[c] += n_
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts > 0, sums / counts, np.nan)
 
     @functools.cache  # noqa: B019 - one per session and level, by design
-    def _eval_camera_fn(self, level: int):
-        return jax.jit(lambda p, b, i: _photometric_per_camera(self.static, p, b, i, level))
+    def _alpha_fn(self, level: int):
+        return jax.jit(lambda p, b, i: render_batch(self.static, p, b.q[i], p["corrections"][i],
+                                                    level, alpha=True)[1])
 
     def camera_guard(self, params, reference):
-        """`params` with each camera pose whose held-out L1 is lower in `reference` reverted.
+        """`params` with the cameras that fit the image edges worse than in `reference` reverted.
 
-        A camera's image depends on its own pose delta only (with the shared joints and
-        appearance), so one render of every camera at the reference deltas scores all the
-        reverts at once. Guards against a pose that drifted along a weakly observable
-        direction (a wrist camera trading with the wrist joints) while the total held-out
-        L1 still improved. Returns (params, names of the reverted cameras).
+        The photometric residual cannot judge this: the colours (and plane textures) were
+        painted at the reference poses, so they favour them. The guard scores geometry
+        instead: how far the rendered rig silhouette lies from edges of the observed image
+        (`silhouette_edge_scores`). A camera's silhouette depends on its own pose delta
+        only (with the shared joints), so one render at the reference deltas scores every
+        revert at once. Returns (params, names of the reverted cameras).
         """
         keys = ("fixed_deltas", "mounted_deltas")
         if all(np.array_equal(np.asarray(params[k]), np.asarray(reference[k])) for k in keys):
             return params, []
         trial = {**params, **{k: reference[k] for k in keys}}
-        new = self.holdout_residual_per_camera(params)
-        ref = self.holdout_residual_per_camera(trial)
+        new = self.silhouette_edge_scores(params)
+        ref = self.silhouette_edge_scores(trial)
         fixed = [c.name for c in self.rig.fixed_cameras]
         mounted = [c.name for c in self.rig.mounted_cameras]
         out = {k: np.asarray(params[k]).copy() for k in keys}
         reverted = []
         for ci, name in enumerate(self.cameras):
-            if not (np.isfinite(new[ci]) and np.isfinite(ref[ci])) or ref[ci] >= new[ci]:
+            if not (np.isfinite(new[ci]) and np.isfinite(ref[ci])):
+                continue
+            if ref[ci] + self.cfg.guard_margin_px >= new[ci]:
                 continue
             key, j = (("fixed_deltas", fixed.index(name)) if name in fixed
                       else ("mounted_deltas", mounted.index(name)))
@@ -930,9 +971,9 @@ class CalibrationSession:
     def try_accept(self) -> bool:
         """Accept the current parameters iff the held-out L1 did not get worse.
 
-        First (`camera_guard`), a camera whose own held-out L1 is lower at its accepted
-        pose keeps that pose. Otherwise roll back to the accepted estimate (optimiser
-        state reset). Returns whether the estimate was accepted.
+        First (`camera_guard`), a camera whose rendered silhouette fits the image edges
+        better at its accepted pose keeps that pose. Otherwise roll back to the accepted
+        estimate (optimiser state reset). Returns whether the estimate was accepted.
         """
         m = self.metrics
         if self.cfg.camera_guard and self.cfg.optimise_cameras:

@@ -100,6 +100,10 @@ class ObjectConfig:
     w_laplacian: float = 0.0          # per mm^2 (1.0 before: too stiff, docs/objects.md)
     laplacian_final: float = 1.0      # Laplacian weight at the last step, x w_laplacian
     w_edge: float = 0.01              # per mm^2
+    support_z: float | None = None    # world z of the plane the object rests on (the table
+    #                                   top; reconstruct_session_objects sets it from the
+    #                                   rig): vertices below it are rendered and exported
+    #                                   on it (the table cuts the mesh; None: off)
     w_camera_prior: float = 1e-3
     prior_camera_m: float = 0.005     # 1-sigma of the camera deltas
     prior_camera_rad: float = 0.01
@@ -519,18 +523,30 @@ def vertex_deltas(static: _Static, params):
     return u if static.smooth is None else static.smooth @ u
 
 
-def object_vertices(static: _Static, params):
-    """[V, 3] vertices in the object frame (m): exp(log_scale) * icosphere + deltas."""
+def object_vertices(static: _Static, params, support_z: float | None = None):
+    """[V, 3] vertices in the object frame (m): exp(log_scale) * icosphere + deltas.
+
+    support_z: world z of the plane the object rests on; vertices below it are moved onto
+    it. The table hides what is below its top from every camera, so nothing else stops the
+    mesh from growing into it (rig benchmark: the torus reached 32 mm below the table
+    top, docs/objects.md). The cut has no gradient in z (the plane holds those vertices),
+    and a penalty instead lifted the whole object (translation is the cheaper move).
+    """
     base = jnp.asarray(static.base_vertices, jnp.float32)
-    return jnp.exp(params["log_scale"]) * base + vertex_deltas(static, params)
+    v = jnp.exp(params["log_scale"]) * base + vertex_deltas(static, params)
+    if support_z is None:
+        return v
+    floor = jnp.asarray(support_z, v.dtype) - params["translation"][2]  # object frame
+    return v.at[:, 2].set(jnp.maximum(v[:, 2], floor))
 
 
 def object_gaussians(static: _Static, params, clamp_opacity: bool,
-                     follow_scale: bool = False):
+                     follow_scale: bool = False, support_z: float | None = None):
     """World Gaussians (splatmesh.WorldGaussians) of the object's current mesh.
 
     follow_scale: the Gaussians' log-scales are relative to the icosphere's global
     log-scale (they shrink and grow with the mesh instead of being relearned).
+    support_z: the mesh is cut at this world z (`object_vertices`).
     """
     from realsim_core.render.splatmesh import gaussians_in_world
 
@@ -541,7 +557,7 @@ def object_gaussians(static: _Static, params, clamp_opacity: bool,
         sp["log_scales"] = sp["log_scales"] + params["log_scale"]
         if "log_scale_normal" in sp:
             sp["log_scale_normal"] = sp["log_scale_normal"] + params["log_scale"]
-    sp["vertices"] = object_vertices(static, params)
+    sp["vertices"] = object_vertices(static, params, support_z)
     T = jnp.eye(4, dtype=jnp.float32).at[:3, 3].set(params["translation"])
     return gaussians_in_world(static.model, sp, T[None], clamp_opacity=clamp_opacity)
 
@@ -565,7 +581,8 @@ def render_views(static: _Static, params, idx, cfg: ObjectConfig, intr=None):
 
     The rasteriser's low-pass is `static.filter_px2` (`view_filter_px2`).
     """
-    g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale)
+    g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale,
+                         cfg.support_z)
     poses = view_poses(static, params, idx)
     intr = static.intr if intr is None else intr
     zoom = (jnp.ones(idx.shape, g.means.dtype) if static.zoom is None
@@ -708,9 +725,10 @@ def reconstruct_object(views: list[View], cfg: ObjectConfig | None = None,
 def _result(static, params, cfg, name, init_world, history, seconds, n_views) -> ObjectResult:
     from realsim_core.render.sh import SH_C0
 
-    verts = (np.asarray(object_vertices(static, params), np.float64)
+    verts = (np.asarray(object_vertices(static, params, cfg.support_z), np.float64)
              + np.asarray(params["translation"], np.float64))
-    g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale)
+    g = object_gaussians(static, params, cfg.clamp_opacity, cfg.gauss_follow_scale,
+                         cfg.support_z)
     faces = np.asarray(static.model.faces)
     col = np.clip(0.5 + SH_C0 * np.asarray(g.sh[:, 0], np.float64), 0.0, 1.0)
     gf = np.asarray(static.model.gauss_face)
@@ -972,6 +990,20 @@ def masks_from_labels(labels: list[np.ndarray | None]) -> dict[int, list[np.ndar
             for k in ids}
 
 
+def support_plane_z(session, mask_cfg: MaskConfig | None = None) -> float:
+    """World z of the table top that objects rest on (`ObjectConfig.support_z`).
+
+    The highest upward-facing plane of the session's scene (`planes.find_planes`: the
+    table top, not the floor), else `MaskConfig.table_z` (sessions without planes).
+    """
+    planes = getattr(session.static, "planes", None)
+    if planes is not None and len(planes.origin):
+        up = np.cross(np.asarray(planes.u), np.asarray(planes.v))[:, 2] > 0.9
+        if up.any():
+            return float(np.max(np.asarray(planes.origin)[up, 2]))
+    return (mask_cfg or MaskConfig()).table_z
+
+
 def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = None,
                                 mask_cfg: MaskConfig | None = None,
                                 label_masks: list[np.ndarray | None] | None = None,
@@ -988,6 +1020,8 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
 
     cfg = cfg or ObjectConfig()
     mask_cfg = mask_cfg or MaskConfig()
+    if cfg.support_z is None:
+        cfg = cfg.replace(support_z=support_plane_z(session, mask_cfg))
     views, _ = session_views(session)
     if label_masks is not None and any(m is not None for m in label_masks):
         by_label = masks_from_labels(label_masks)
