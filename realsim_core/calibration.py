@@ -347,7 +347,8 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
     """Render every camera of frames q [B, J] -> list over cameras of rgb [B, H, W, 3].
 
     alpha: also return the Gaussians' coverage (the rig geometry's silhouette, planes
-    excluded) per camera [B, H, W]: (rgbs, alphas).
+    excluded) and their composited optical-frame depth (m, divided by the coverage) per
+    camera [B, H, W]: (rgbs, alphas, depths).
     """
     poses = kinematics.forward_batch(static.km, q, params["joint_offsets"], corr,
                                      params["fixed_deltas"], params["mounted_deltas"])
@@ -361,6 +362,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
         packed = pyramid(tex)
     out: list = [None] * len(static.intrinsics[level])
     alphas: list = [None] * len(static.intrinsics[level])
+    depths: list = [None] * len(static.intrinsics[level])
     for intr, cams in _camera_groups(static.intrinsics[level]):
         cam_idx = jnp.asarray(cams, jnp.int32)
         bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, 3]
@@ -375,27 +377,31 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             op = opac
             if packed is not None:   # what a plane hides from this camera is not drawn
                 op = jnp.where(occluded_by_planes(static.planes, m, pose[:3, 3]), 0.0, opac)
+            feats = ((m - pose[:3, 3]) @ pose[:3, 2])[:, None] if alpha else None  # depth
             r = rasterize(m, qu, static.gauss.scales, op, col, pose, intr,
                           background=None if packed is not None else bg,
                           tile_size=static.tile_size, capacity=static.capacity,
                           cull_backfaces=static.cull_backfaces, dilation=static.dilation,
-                          filter_px2=static.filter_px2)
+                          filter_px2=static.filter_px2, features=feats)
+            depth = (r.features[..., 0] / jnp.maximum(r.alpha, 1e-6) if alpha
+                     else jnp.zeros_like(r.alpha))
             if packed is None:
-                return r.rgb, r.alpha
+                return r.rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
             pk = pw * packed + (1.0 - pw) * jax.lax.stop_gradient(packed)
             plane_rgb, hit = render_planes(static.planes, pk, static.plane_res, pose, intr)
             behind = jnp.where(hit[..., None], plane_rgb, bg)
-            return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha
+            return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
         # [B, k] renders: frames x cameras of this group, one trace
-        per_cam, per_alpha = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0, 0)),
-                                      in_axes=(0, 0, 0, None, None))(
+        per_cam, per_alpha, per_depth = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0, 0)),
+                                                 in_axes=(0, 0, 0, None, None))(
             means, quats, poses.cameras[:, cam_idx], bgs, paint)
         for j, c in enumerate(cams):
             out[c] = per_cam[:, j]
             alphas[c] = per_alpha[:, j]
-    return (out, alphas) if alpha else out
+            depths[c] = per_depth[:, j]
+    return (out, alphas, depths) if alpha else out
 
 
 def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda,

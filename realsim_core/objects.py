@@ -89,6 +89,8 @@ class ObjectConfig:
     #                                   of virtual px per source px (coarse sources seen
     #                                   upsampled want a wider filter; docs/objects.md)
     refine_cameras: bool = True
+    occlusion: bool = True            # session objects: pixels where the robot or another
+    #                                   object may hide this one are left out of the losses
     zoom_views: bool = True           # per-view focal length: the object fills every crop
     #                                   (False: one focal for all views, <= the native one)
     # loss weights
@@ -128,7 +130,11 @@ class View(NamedTuple):
     image: [H, W, 3] uint8 (or float in [0, 1]); T_world_cam: [4, 4] optical frame in world
     (m); intrinsics: pinhole (pixels); camera: index of the physical camera (views of one
     camera share one extrinsic delta); mask: [H, W] bool of *this object* (set per object);
-    normals: optional [H, W, 3] unit camera-frame normals (for the normal loss).
+    normals: optional [H, W, 3] unit camera-frame normals (for the normal loss);
+    occluder_depth: optional [H, W] optical-frame depth (m) of what else is known to be in
+    the scene (the robot, other objects; inf: nothing). Pixels outside the mask where it
+    is nearer than the object's centre are left out of the losses: there the object may
+    be hidden, so "not in the mask" says nothing about its shape.
     """
 
     image: np.ndarray
@@ -137,6 +143,7 @@ class View(NamedTuple):
     camera: int = 0
     mask: np.ndarray | None = None
     normals: np.ndarray | None = None
+    occluder_depth: np.ndarray | None = None
 
 
 @dataclass
@@ -424,7 +431,12 @@ def prepare_views(views: list[View], centre: np.ndarray, cfg: ObjectConfig,
         imgs.append(wimg)
         masks.append(wm)
         edts.append(boundary_edt(wm > 0.5))
-        valid.append(inside.astype(np.float64))
+        ok = inside.astype(np.float64)
+        if v.occluder_depth is not None:   # may be hidden there: no evidence either way
+            hidden = ((np.asarray(v.occluder_depth) < p[2]) & (m < 0.5)).astype(np.float64)
+            wh, _ = warp_to_virtual(hidden, intr, R, vi)
+            ok = ok * (1.0 - np.clip(wh[..., 0], 0.0, 1.0))
+        valid.append(ok)
         T = np.eye(4)
         T[:3, :3] = R
         Tc.append(np.asarray(v.T_world_cam, np.float64))
@@ -911,13 +923,26 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
 def reconstruct_objects(views: list[View], object_masks: list[list[np.ndarray]],
                         cfg: ObjectConfig | None = None, names: list[str] | None = None,
                         callback=None) -> list[ObjectResult]:
-    """One SplatMesh per object: object_masks[k][i] is object k's mask in views[i]."""
+    """One SplatMesh per object: object_masks[k][i] is object k's mask in views[i].
+
+    With `cfg.occlusion` the other objects' masks are occluders (`with_occluders`).
+    """
     cfg = cfg or ObjectConfig()
     n_cam = max(v.camera for v in views) + 1
     out = []
+    blank = [np.zeros(v.image.shape[:2], bool) for v in views]
     for k, masks in enumerate(object_masks):
         name = names[k] if names else f"object_{k}"
-        vs = [v._replace(mask=m) for v, m in zip(views, masks) if m is not None and m.any()]
+        masks = [b if m is None else np.asarray(m, bool) for b, m in zip(blank, masks)]
+        src = views
+        if cfg.occlusion:
+            others = list(blank)
+            for j, om in enumerate(object_masks):
+                if j != k:
+                    others = [o | (m is not None and np.asarray(m, bool))
+                              for o, m in zip(others, om)]
+            src = with_occluders(views, masks, others, None)
+        vs = [v._replace(mask=m) for v, m in zip(src, masks) if m.any()]
         out.append(reconstruct_object(vs, cfg, name, n_cam, callback))
     return out
 
@@ -967,6 +992,45 @@ def session_renders(session, params=None) -> list[np.ndarray]:
         for c in range(len(session.cameras)):
             if valid[f, c]:
                 out.append(np.asarray(r[c][0], np.float64))
+    return out
+
+
+def session_occluder_depths(session, params=None) -> list[np.ndarray]:
+    """Depth (m) of the known scene's Gaussians (the robot) per view of `session_views`.
+
+    [H, W] optical-frame depth where the render covers the pixel (alpha > 0.5), inf
+    elsewhere; the table and floor planes are not occluders (objects stand on them).
+    """
+    from realsim_core.calibration import render_batch
+
+    params = session.accepted if params is None else params
+    li = int(np.argmin(session.cfg.levels))
+    fn = jax.jit(lambda p, q, corr: render_batch(session.static, p, q, corr, li, alpha=True))
+    valid = np.asarray(session.bufs.valid)
+    out = []
+    for f in range(session.n_frames):
+        i = jnp.asarray([f], jnp.int32)
+        _, alphas, depths = fn(params, session.bufs.q[i], params["corrections"][i])
+        for c in range(len(session.cameras)):
+            if valid[f, c]:
+                a, d = np.asarray(alphas[c][0]), np.asarray(depths[c][0], np.float64)
+                out.append(np.where(a > 0.5, d, np.inf))
+    return out
+
+
+def with_occluders(views: list[View], masks: list[np.ndarray], others: list[np.ndarray],
+                   robot_depth: list[np.ndarray] | None) -> list[View]:
+    """Views of one object (mask set) whose `occluder_depth` marks what may hide it.
+
+    robot_depth: per view (`session_occluder_depths`) or None; others: per view the union
+    of the other objects' masks (depth 0: their pixels say nothing about this object).
+    """
+    out = []
+    for i, (v, m) in enumerate(zip(views, masks)):
+        d = (np.full(m.shape, np.inf) if robot_depth is None
+             else np.asarray(robot_depth[i], np.float64))
+        d = np.where(others[i] & ~np.asarray(m, bool), 0.0, d)
+        out.append(v._replace(mask=m, occluder_depth=d))
     return out
 
 
@@ -1033,11 +1097,17 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
         objects = split_objects(views, derive_masks(views, session_renders(session)), mask_cfg)
     if log:
         log(f"{len(objects)} object(s) found in {len(views)} views")
+    robot = session_occluder_depths(session) if cfg.occlusion else None
     calibs, results = [], []
     for k, masks in enumerate(objects):
         name = f"object_{k}"
+        others = [np.zeros(v.image.shape[:2], bool) for v in views]
+        for j, om in enumerate(objects):
+            if j != k:
+                others = [o | m for o, m in zip(others, om)]
+        ov = with_occluders(views, masks, others, robot)
         try:
-            r = reconstruct_object([v._replace(mask=m) for v, m in zip(views, masks) if m.any()],
+            r = reconstruct_object([v for v, m in zip(ov, masks) if m.any()],
                                    cfg, name, len(session.cameras))
         except RealsimError as exc:
             if log:

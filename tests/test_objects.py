@@ -353,6 +353,37 @@ def test_view_filter_follows_the_median_magnification():
                              np.array([1.5, 2.0, 6.0])) == pytest.approx(0.1)
 
 
+def test_pixels_an_occluder_may_hide_are_left_out_of_the_losses():
+    """A robot strip in front of the object: outside the mask there, no evidence."""
+    views = _rig_like_sphere_views()
+    v = views[0]                                  # near view, disc of ~40 px radius
+    strip = np.zeros(v.mask.shape, bool)
+    strip[:, :100] = True                         # covers the disc's left part
+    mask = v.mask & ~strip                        # what a camera would see of the object
+    cfg = O.ObjectConfig(crop_px=64)
+    valid = {}
+    for name, depth in (("none", None), ("front", 0.1), ("behind", 5.0)):
+        d = None if depth is None else np.where(strip, depth, np.inf)
+        vs = [v._replace(mask=mask, occluder_depth=d)] + views[1:]
+        static, _ = O._init(vs, cfg, "sphere", 4)
+        valid[name] = np.asarray(static.valid[0])
+    # an occluder behind the object (5 m, centre at 0.3 m) changes nothing
+    np.testing.assert_array_equal(valid["behind"], valid["none"])
+    lost = valid["none"].sum() - valid["front"].sum()
+    assert lost > 0.2 * valid["none"].sum(), lost   # the strip's share of the crop
+    # the object's own (visible) pixels always count
+    static_f, _ = O._init([v._replace(mask=mask, occluder_depth=np.where(strip, 0.1, np.inf))]
+                          + views[1:], cfg, "sphere", 4)
+    m = np.asarray(static_f.masks[0]) > 0.99      # (bilinear warps blur the shared border)
+    assert m.sum() > 100 and np.all(valid["front"][m] > 0.99)
+    # other objects' masks are occluders at depth 0 (with_occluders)
+    other = np.zeros_like(mask)
+    other[:, 180:] = True
+    ov = O.with_occluders([v], [mask], [other], None)[0]
+    assert np.all(ov.occluder_depth[other & ~mask] == 0.0)
+    assert np.all(np.isinf(ov.occluder_depth[~other]))
+
+
 def test_support_plane_cuts_the_mesh_at_the_table():
     """Vertices below `support_z` render and export on it; without it the fit sinks."""
     views = _rig_like_sphere_views()            # sphere centre z 30 mm, bottom 5 mm
