@@ -774,31 +774,35 @@ class CalibrationSession:
         vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32))) for i in sel]
         return float(np.mean(vals)) if vals else math.nan
 
-    def silhouette_edge_scores(self, params=None) -> np.ndarray:
-        """Mean distance (px) of each camera's rendered rig silhouette to image edges [C].
+    def silhouette_edge_scores(self, *param_sets) -> np.ndarray:
+        """Mean distance (px) of each camera's rendered rig silhouette to image edges.
 
-        Over the held-out frames (training frames if none) at the finest level; NaN for a
-        camera that sees no rig geometry there. Appearance-free: the silhouette comes from
-        the Gaussians bound to the rig's meshes, the edges from the observed image.
+        One row per parameter set (default: the current parameters) -> [S, C], over the
+        held-out frames (training frames if none) at the finest level; NaN for a camera
+        that sees no rig geometry there. Appearance-free: the silhouette comes from the
+        Gaussians bound to the rig's meshes, the edges from the observed image (each edge
+        map computed once for all sets).
         """
-        params = self.params if params is None else params
+        param_sets = param_sets or (self.params,)
         sel = np.flatnonzero(np.asarray(self.bufs.holdout))
         if sel.size == 0:
             sel = np.flatnonzero(np.asarray(self.bufs.train))
         level = len(self.cfg.levels) - 1
         fn = self._alpha_fn(level)
-        sums = np.zeros(len(self.cameras))
-        counts = np.zeros(len(self.cameras))
+        sums = np.zeros((len(param_sets), len(self.cameras)))
+        counts = np.zeros_like(sums)
         for i in sel:
-            alphas = fn(params, self.bufs, jnp.asarray([i], jnp.int32))
-            for c, a in enumerate(alphas):
+            idx = jnp.asarray([i], jnp.int32)
+            alphas = [fn(p, self.bufs, idx) for p in param_sets]
+            for c in range(len(self.cameras)):
                 if float(self.bufs.valid[i, c]) == 0:
                     continue
                 dist = edge_distance_map(np.asarray(self.bufs.images[level][c][i]),
                                          self.cfg.guard_cap_px)
-                s_, n_ = silhouette_edge_score(np.asarray(a[0]), dist)
-                sums[c] += s_
-                counts[c] += n_
+                for k, a in enumerate(alphas):
+                    s_, n_ = silhouette_edge_score(np.asarray(a[c][0]), dist)
+                    sums[k, c] += s_
+                    counts[k, c] += n_
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts > 0, sums / counts, np.nan)
 
@@ -821,8 +825,7 @@ class CalibrationSession:
         if all(np.array_equal(np.asarray(params[k]), np.asarray(reference[k])) for k in keys):
             return params, []
         trial = {**params, **{k: reference[k] for k in keys}}
-        new = self.silhouette_edge_scores(params)
-        ref = self.silhouette_edge_scores(trial)
+        new, ref = self.silhouette_edge_scores(params, trial)
         fixed = [c.name for c in self.rig.fixed_cameras]
         mounted = [c.name for c in self.rig.mounted_cameras]
         out = {k: np.asarray(params[k]).copy() for k in keys}

@@ -930,21 +930,33 @@ def reconstruct_objects(views: list[View], object_masks: list[list[np.ndarray]],
     cfg = cfg or ObjectConfig()
     n_cam = max(v.camera for v in views) + 1
     out = []
-    blank = [np.zeros(v.image.shape[:2], bool) for v in views]
-    for k, masks in enumerate(object_masks):
+    for k in range(len(object_masks)):
         name = names[k] if names else f"object_{k}"
-        masks = [b if m is None else np.asarray(m, bool) for b, m in zip(blank, masks)]
-        src = views
-        if cfg.occlusion:
-            others = list(blank)
-            for j, om in enumerate(object_masks):
-                if j != k:
-                    others = [o | (m is not None and np.asarray(m, bool))
-                              for o, m in zip(others, om)]
-            src = with_occluders(views, masks, others, None)
-        vs = [v._replace(mask=m) for v, m in zip(src, masks) if m.any()]
+        vs = object_views(views, object_masks, k, cfg.occlusion)
         out.append(reconstruct_object(vs, cfg, name, n_cam, callback))
     return out
+
+
+def object_views(views: list[View], object_masks: list[list[np.ndarray | None]], k: int,
+                 occlusion: bool = True, robot_depth: list[np.ndarray] | None = None
+                 ) -> list[View]:
+    """The views that see object k, with its mask and (`occlusion`) its occluders.
+
+    Occluders: the other objects' masks and the robot's depth (`with_occluders`).
+    """
+    def as_bool(m, v):
+        return np.zeros(v.image.shape[:2], bool) if m is None else np.asarray(m, bool)
+
+    masks = [as_bool(m, v) for m, v in zip(object_masks[k], views)]
+    if occlusion:
+        others = [np.zeros_like(m) for m in masks]
+        for j, om in enumerate(object_masks):
+            if j != k:
+                others = [o | as_bool(m, v) for o, m, v in zip(others, om, views)]
+        src = with_occluders(views, masks, others, robot_depth)
+    else:
+        src = [v._replace(mask=m) for v, m in zip(views, masks)]
+    return [v for v, m in zip(src, masks) if m.any()]
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -1099,15 +1111,10 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
         log(f"{len(objects)} object(s) found in {len(views)} views")
     robot = session_occluder_depths(session) if cfg.occlusion else None
     calibs, results = [], []
-    for k, masks in enumerate(objects):
+    for k in range(len(objects)):
         name = f"object_{k}"
-        others = [np.zeros(v.image.shape[:2], bool) for v in views]
-        for j, om in enumerate(objects):
-            if j != k:
-                others = [o | m for o, m in zip(others, om)]
-        ov = with_occluders(views, masks, others, robot)
         try:
-            r = reconstruct_object([v for v, m in zip(ov, masks) if m.any()],
+            r = reconstruct_object(object_views(views, objects, k, cfg.occlusion, robot),
                                    cfg, name, len(session.cameras))
         except RealsimError as exc:
             if log:
