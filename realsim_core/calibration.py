@@ -100,10 +100,12 @@ class CalibrationConfig:
     optimise_joints: bool = True
     optimise_cameras: bool = True
     holdout_fraction: float = 0.2
-    camera_guard: bool = True                    # on acceptance, a camera whose rendered
+    camera_guard: bool = False                   # on acceptance, a camera whose rendered
                                                  # rig silhouette lies farther from the
                                                  # image edges than at its accepted pose
-                                                 # keeps that pose (camera_guard) ...
+                                                 # keeps that pose (camera_guard; off: no
+                                                 # offline run changed, the demo got worse,
+                                                 # docs/calibration.md "Session 9") ...
     guard_margin_px: float = 0.05                # ... by more than this (mean px)
     guard_cap_px: float = 8.0                    # edge distances are capped (outliers)
     tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md

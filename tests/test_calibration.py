@@ -187,11 +187,13 @@ def test_camera_guard_keeps_the_accepted_pose_of_a_camera_that_got_worse(setup):
     guarded, raw = s.silhouette_edge_scores(out, cand)
     assert np.all(guarded <= raw + 1e-7)
     np.testing.assert_array_equal(s.silhouette_edge_scores(cand)[0], raw)
-    # try_accept applies it: the accepted estimate holds the guarded poses
+    # try_accept applies it when enabled: the accepted estimate holds the guarded poses
+    s.cfg = s.cfg.replace(camera_guard=True)
     s.params = cand
     s.metrics.holdout_l1 = s.holdout_residual(s.accepted)
     assert s.try_accept() and s.metrics.camera_reverts == 2
     np.testing.assert_array_equal(np.asarray(s.accepted["mounted_deltas"])[0], 0)
+    s.cfg = s.cfg.replace(camera_guard=False)
 
 
 def test_nan_step_is_rolled_back(setup):
