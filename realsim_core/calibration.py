@@ -765,13 +765,16 @@ class CalibrationSession:
         self._pose_state = self._pose_opt.init(self.params)
         self._colour_state = self._colour_opt.init(self.params)
 
+    def _scored_frames(self) -> np.ndarray:
+        """Frame slots that acceptance scores: the held-out ones (training ones if none)."""
+        sel = np.flatnonzero(np.asarray(self.bufs.holdout))
+        return sel if sel.size else np.flatnonzero(np.asarray(self.bufs.train))
+
     def holdout_residual(self, params=None, level: int | None = None) -> float:
         """Mean L1 (0-1 units) over held-out frames (training frames if none held out)."""
         params = self.params if params is None else params
         level = len(self.cfg.levels) - 1 if level is None else level
-        sel = np.flatnonzero(np.asarray(self.bufs.holdout))
-        if sel.size == 0:
-            sel = np.flatnonzero(np.asarray(self.bufs.train))
+        sel = self._scored_frames()
         fn = self._eval_fn(level)
         vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32))) for i in sel]
         return float(np.mean(vals)) if vals else math.nan
@@ -786,9 +789,7 @@ class CalibrationSession:
         map computed once for all sets).
         """
         param_sets = param_sets or (self.params,)
-        sel = np.flatnonzero(np.asarray(self.bufs.holdout))
-        if sel.size == 0:
-            sel = np.flatnonzero(np.asarray(self.bufs.train))
+        sel = self._scored_frames()
         level = len(self.cfg.levels) - 1
         fn = self._alpha_fn(level)
         sums = np.zeros((len(param_sets), len(self.cameras)))

@@ -1074,7 +1074,7 @@ def support_plane_z(session, mask_cfg: MaskConfig | None = None) -> float:
     """
     planes = getattr(session.static, "planes", None)
     if planes is not None and len(planes.origin):
-        up = np.cross(np.asarray(planes.u), np.asarray(planes.v))[:, 2] > 0.9
+        up = np.asarray(planes.normal)[:, 2] > 0.9
         if up.any():
             return float(np.max(np.asarray(planes.origin)[up, 2]))
     return (mask_cfg or MaskConfig()).table_z
