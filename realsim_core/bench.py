@@ -170,6 +170,9 @@ CALIB_STD_BUDGET_S = 300.0
 def bench_calib_std(quick: bool = False, workdir: str | None = None) -> dict:
     """Time to TCP < 2 mm and every camera < 2 mm / 0.1 deg, and the final errors.
 
+    Also the time to TCP < 2 mm alone and the TCP error of the last estimate scored
+    within 120 s (the calibration issue's speed target).
+
     The estimate is scored against the ground truth after every cycle (scoring time is
     excluded from the clock). `quick` shortens the recording and the budget (smoke test).
     """
@@ -197,6 +200,8 @@ def bench_calib_std(quick: bool = False, workdir: str | None = None) -> dict:
     session, _, _ = load_session(rec, OfflineOptions(progress=False))
     paused = 0.0
     reached = None
+    reached_tcp = None    # the issue's speed target: TCP < 2 mm alone
+    tcp_120 = None        # TCP of the last estimate scored within 120 s
     res: dict = {}
 
     def score(params):
@@ -208,12 +213,17 @@ def bench_calib_std(quick: bool = False, workdir: str | None = None) -> dict:
     tcp0, t_err0, r_err0 = score(session.params)
 
     def monitor(_metrics):  # after every cycle: score the current (not yet accepted) estimate
-        nonlocal paused, reached
+        nonlocal paused, reached, reached_tcp, tcp_120
         ts = time.monotonic()
         tcp, t_err, r_err = score(session.params)
         paused += time.monotonic() - ts
+        now = time.monotonic() - t0 - paused
         if reached is None and tcp < 2.0 and t_err < 2.0 and r_err < 0.1:
-            reached = time.monotonic() - t0 - paused
+            reached = now
+        if reached_tcp is None and tcp < 2.0:
+            reached_tcp = now
+        if now <= 120.0:
+            tcp_120 = tcp
 
     session.run(time_budget_s=budget, callback=monitor)
     tcp, t_err, r_err = score(session.accepted)
@@ -222,6 +232,8 @@ def bench_calib_std(quick: bool = False, workdir: str | None = None) -> dict:
         "camera_trans_start_mm": round(t_err0, 3), "camera_trans_final_mm": round(t_err, 3),
         "camera_rot_start_deg": round(r_err0, 4), "camera_rot_final_deg": round(r_err, 4),
         "time_to_target_s": None if reached is None else round(reached, 1),
+        "time_to_tcp_2mm_s": None if reached_tcp is None else round(reached_tcp, 1),
+        "tcp_at_120s_mm": None if tcp_120 is None else round(tcp_120, 3),
         "wall_s": round(time.monotonic() - t0 - paused, 1),
         "steps": session.metrics.steps,
     })

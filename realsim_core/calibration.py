@@ -1146,14 +1146,21 @@ class CalibrationSession:
             out[c.name] = (c.mount, T)
         return out
 
-    def uncertainty(self, level: int = 0, max_frames: int = 8) -> dict:
+    def uncertainty(self, level: int = 0, max_frames: int = 8, robust: bool = True) -> dict:
         """1-sigma uncertainty of the pose parameters (Gauss-Newton / Laplace at the optimum).
 
         H = J^T J / s^2 + prior precision over the per-pixel residuals of up to `max_frames`
-        training frames at pyramid `level`, s^2 = their mean squared residual; cov = H^-1.
-        Pixel residuals are not independent, so this is a lower bound on the real spread
-        (docs/calibration.md). Returns {camera: {translation_mm, rotation_deg}} and
-        "joint_offsets": {name: rad}; also stored in `self.std`.
+        training frames (spread over the buffer) at pyramid `level`, s^2 = their mean
+        squared residual; the Laplace covariance is H^-1. It treats every pixel as an
+        independent measurement, which they are not (a misregistered link leaves a blob of
+        residual, not noise). `robust` also computes the cluster-robust ("sandwich")
+        covariance H^-1 M H^-1, M = sum over images (frame x camera) of g g^T with g that
+        image's gradient J_i^T r_i / s^2: it sees how much the images disagree, whatever
+        the correlation inside each image, and each parameter's reported std is the larger
+        of the two. Neither sees a bias that every image shares (the appearance model's),
+        so both are lower bounds on the real error (measured: docs/calibration.md).
+        Returns {camera: {translation_mm, rotation_deg}} and "joint_offsets": {name: rad};
+        also stored in `self.std`.
         """
         cfg = self.cfg
         params = self.accepted
@@ -1184,14 +1191,21 @@ class CalibrationSession:
             rs = jax.lax.map(lambda t: residual(t, f), thetas)  # [2P, R]
             return (rs[:P] - rs[P:]).T / (2 * h), residual(flat0, f)
 
-        train = np.flatnonzero(np.asarray(self.bufs.train))[:max_frames]
+        sizes = np.cumsum([0] + [3 * it.height * it.width for it in static.intrinsics[level]])
+        train = np.flatnonzero(np.asarray(self.bufs.train))
+        train = train[np.unique(np.linspace(0, len(train) - 1, min(max_frames, len(train)))
+                                .round().astype(int))] if len(train) else train
+        valid = np.asarray(self.bufs.valid)
         jtj = np.zeros((P, P))
+        grads = []          # J_i^T r_i of every image i (frame x camera)
         sq, n = 0.0, 0
         for f in train:
             J, r = (np.asarray(x, np.float64) for x in jac_and_res(jnp.int32(f)))
             jtj += J.T @ J
             sq += float(r @ r)
             n += r.size
+            grads += [J[a:b].T @ r[a:b] for c, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+                      if valid[f, c] > 0]
         s2 = max(sq / max(n - P, 1), 1e-12)
         prior = {"joint_offsets": np.full(params["joint_offsets"].shape, cfg.prior_joint_rad)}
         for k in ("fixed_deltas", "mounted_deltas"):
@@ -1200,21 +1214,27 @@ class CalibrationSession:
             prior[k] = sig
         prior_flat, _ = jax.flatten_util.ravel_pytree({k: jnp.asarray(prior[k]) for k in keys})
         H = jtj / s2 + np.diag(1.0 / np.asarray(prior_flat, np.float64) ** 2)
-        cov = np.linalg.inv(H)
-        std = np.sqrt(np.clip(np.diag(cov), 0, None))
+        covs = [np.linalg.inv(H)]
+        if robust and len(grads) > 1:
+            G = np.asarray(grads) / s2                           # [images, P]
+            M = G.T @ G * len(G) / (len(G) - 1)                  # small-sample correction
+            covs.append(covs[0] @ M @ covs[0])
+        std = np.max([np.sqrt(np.clip(np.diag(c), 0, None)) for c in covs], axis=0)
         # flat index of every parameter (ravel_pytree orders dict keys alphabetically)
         index = {k: np.asarray(v).round().astype(int)
                  for k, v in unravel(jnp.arange(P, dtype=jnp.float32)).items()}
         out: dict = {"joint_offsets": dict(zip(static.km.joint_names,
                                                std[index["joint_offsets"]].tolist()))}
+
+        def block(ix):  # sqrt of the trace of a 3x3 block, the larger of the estimates
+            return max(float(np.sqrt(max(np.trace(c[np.ix_(ix, ix)]), 0.0))) for c in covs)
+
         for key, cams in (("fixed_deltas", self.rig.fixed_cameras),
                           ("mounted_deltas", self.rig.mounted_cameras)):
             for i, c in enumerate(cams):
                 it, ir = index[key][i, :3], index[key][i, 3:]
-                out[c.name] = {
-                    "translation_mm": float(1e3 * np.sqrt(np.trace(cov[np.ix_(it, it)]))),
-                    "rotation_deg": float(np.degrees(np.sqrt(np.trace(cov[np.ix_(ir, ir)])))),
-                }
+                out[c.name] = {"translation_mm": 1e3 * block(it),
+                               "rotation_deg": float(np.degrees(block(ir)))}
         self.std = out
         return out
 
@@ -1245,7 +1265,7 @@ def _estimate(session: CalibrationSession, std: dict | None = None, params=None)
     return Calibration(cameras=cams, joint_offsets=session.joint_offsets(params), metrics={
         "frames": int(session.n_frames), "steps": int(m.steps),
         "photometric_l1": float(m.holdout_l1), "photometric_l1_start": float(m.holdout_l1_start),
-    })
+    }, joint_offsets_std={} if std is None else dict(std.get("joint_offsets", {})))
 
 
 __all__ = ["CalibrationConfig", "CalibrationSession", "RigGaussians", "render_batch",

@@ -77,6 +77,9 @@ class Calibration:
     joint_offsets: dict[str, float] = field(default_factory=dict)  # rad; m for slides
     objects: tuple[ObjectCalibration, ...] = ()
     metrics: dict = field(default_factory=dict)
+    # estimated 1-sigma uncertainty of each joint offset (rad; m for slides); written as
+    # `joint_offsets_std:` beside `joint_offsets:` when known
+    joint_offsets_std: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,13 @@ def calibration_from_dict(d: Any, base_dir: Path, ctx: _Ctx, path: str = "") -> 
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ctx.fail(f"{pre}joint_offsets.{k}", f"expected a number, got {v!r}")
         offs[str(k)] = float(v)
+    offs_std = {}
+    sd = ctx.get(d, "joint_offsets_std", path, dict, required=False) or {}
+    for k, v in sd.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ctx.fail(f"{pre}joint_offsets_std.{k}",
+                           f"expected a non-negative number, got {v!r}")
+        offs_std[str(k)] = float(v)
     objs = []
     ol = ctx.get(d, "objects", path, list, required=False) or []
     for i, o in enumerate(ol):
@@ -143,7 +153,7 @@ def calibration_from_dict(d: Any, base_dir: Path, ctx: _Ctx, path: str = "") -> 
             pose=pose_from_dict(o, ctx, p),
         ))
     metrics = ctx.get(d, "metrics", path, dict, required=False) or {}
-    return Calibration(cams, offs, tuple(objs), metrics)
+    return Calibration(cams, offs, tuple(objs), metrics, offs_std)
 
 
 def read_calibration(path: str | os.PathLike) -> Calibration:
@@ -203,12 +213,14 @@ def calibration_to_dict(c: Calibration, base_dir: Path) -> dict:
         e = {"name": o.name, "mesh": _rel(o.mesh, base_dir)}
         e.update(pose_to_dict(o.pose))
         objs.append(e)
-    return {
+    out = {
         "cameras": cams,
         "joint_offsets": {k: float(v) for k, v in c.joint_offsets.items()},
-        "objects": objs,
-        "metrics": _plain(c.metrics),
     }
+    if c.joint_offsets_std:
+        out["joint_offsets_std"] = {k: float(v) for k, v in c.joint_offsets_std.items()}
+    out.update({"objects": objs, "metrics": _plain(c.metrics)})
+    return out
 
 
 def _plain(x: Any) -> Any:

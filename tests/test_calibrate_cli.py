@@ -33,6 +33,10 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     raw = yaml.safe_load((out / "calibration.yaml").read_text())
     std = raw["cameras"]["cam_high"]["std"]
     assert std["translation_mm"] > 0 and std["rotation_deg"] > 0
+    # every joint offset has its std beside it, and the reader keeps it
+    assert set(raw["joint_offsets_std"]) == set(raw["joint_offsets"])
+    assert cal.joint_offsets_std == raw["joint_offsets_std"]
+    assert all(0 < v < 0.05 for v in cal.joint_offsets_std.values())   # below the prior
     m = json.loads((out / "metrics.json").read_text())
     assert m["holdout_l1"] <= m["holdout_l1_start"]       # never worse than the start
     assert m["evaluation"]["tcp_mm"] is not None

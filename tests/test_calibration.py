@@ -147,6 +147,54 @@ def test_uncertainty_shrinks_with_more_frames(setup):
     assert 0 < four["cam_high"]["translation_mm"] < prior_mm  # the images add information
 
 
+def _add_noise(frames, rng, smooth: bool, rms: float = 0.06):
+    """Targets plus noise: independent per pixel, or smooth blobs (~15 px) of the same RMS."""
+    out = []
+    for imgs in frames:
+        noisy = {}
+        for cam, img in imgs.items():
+            h, w = img.shape[:2]
+            if smooth:  # a coarse random grid, bilinearly upsampled: correlated residuals
+                g = rng.normal(size=(h // 15 + 2, w // 15 + 2, 3))
+                ys, xs = np.linspace(0, g.shape[0] - 1, h), np.linspace(0, g.shape[1] - 1, w)
+                y0, x0 = np.floor(ys).astype(int).clip(0, g.shape[0] - 2), \
+                    np.floor(xs).astype(int).clip(0, g.shape[1] - 2)
+                fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+                n = ((1 - fy) * (1 - fx) * g[y0][:, x0] + (1 - fy) * fx * g[y0][:, x0 + 1]
+                     + fy * (1 - fx) * g[y0 + 1][:, x0] + fy * fx * g[y0 + 1][:, x0 + 1])
+            else:
+                n = rng.normal(size=img.shape)
+            n = rms * n / n.std()
+            noisy[cam] = np.clip(img / 255.0 + n, 0, 1).__mul__(255).round().astype(np.uint8)
+        out.append(noisy)
+    return out
+
+
+def test_robust_uncertainty_sees_correlated_residuals(setup):
+    """The cluster-robust std grows when each image's residual is one correlated blob field.
+
+    Same noise power both times: independent pixel noise leaves the robust estimate near
+    the Laplace one; smooth blobs (what a misregistered appearance leaves) raise it well
+    above, while the Laplace std, which counts every pixel as independent, barely moves.
+    """
+    rig, s, qs = setup
+    truth = _fresh(s)
+    rng = np.random.default_rng(3)
+    ratios = {}
+    for smooth in (False, True):
+        _reset(s, truth, [])
+        for q, imgs in zip(qs, _add_noise(_render_targets(s, truth, qs), rng, smooth)):
+            s.add_frame(imgs, q, holdout=False)
+        lap = s.uncertainty(max_frames=4, robust=False)
+        rob = s.uncertainty(max_frames=4, robust=True)
+        r = [rob["joint_offsets"][j] / lap["joint_offsets"][j] for j in rig.joint_names]
+        r += [rob[c]["translation_mm"] / lap[c]["translation_mm"] for c in rig.camera_names]
+        assert min(r) >= 1.0 - 1e-9          # the reported std is the larger of the two
+        ratios[smooth] = float(np.median(r))
+    assert ratios[False] < 1.6, ratios
+    assert ratios[True] > 2.0 * ratios[False], ratios
+
+
 def test_silhouette_edge_score_known_answers():
     img = np.zeros((60, 80, 3), np.uint8)
     img[20:40, 30:50] = 200                                   # a bright square

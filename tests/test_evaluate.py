@@ -120,5 +120,8 @@ def test_cli_json_and_errors(rec, tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"cameras": {"cam_high": {"translation": [0, 0]}}}))
     with pytest.raises(RealsimError, match=r"cameras\.cam_high\.translation"):
         read_calibration(bad)
+    bad.write_text(yaml.safe_dump({"joint_offsets_std": {"follower_left/waist": -1.0}}))
+    with pytest.raises(RealsimError, match=r"joint_offsets_std\.follower_left/waist"):
+        read_calibration(bad)
     assert main(["evaluate", str(p), str(p)]) == 1  # a calibration is not a ground truth
     assert "nominal" in capsys.readouterr().err
