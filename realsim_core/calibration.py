@@ -1191,7 +1191,8 @@ class CalibrationSession:
             rs = jax.lax.map(lambda t: residual(t, f), thetas)  # [2P, R]
             return (rs[:P] - rs[P:]).T / (2 * h), residual(flat0, f)
 
-        sizes = np.cumsum([0] + [3 * it.height * it.width for it in static.intrinsics[level]])
+        # where each camera's pixels start and end in a frame's residual vector
+        bounds = np.cumsum([0] + [3 * it.height * it.width for it in static.intrinsics[level]])
         train = np.flatnonzero(np.asarray(self.bufs.train))
         train = train[np.unique(np.linspace(0, len(train) - 1, min(max_frames, len(train)))
                                 .round().astype(int))] if len(train) else train
@@ -1204,7 +1205,7 @@ class CalibrationSession:
             jtj += J.T @ J
             sq += float(r @ r)
             n += r.size
-            grads += [J[a:b].T @ r[a:b] for c, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+            grads += [J[a:b].T @ r[a:b] for c, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
                       if valid[f, c] > 0]
         s2 = max(sq / max(n - P, 1), 1e-12)
         prior = {"joint_offsets": np.full(params["joint_offsets"].shape, cfg.prior_joint_rad)}

@@ -149,23 +149,17 @@ def test_uncertainty_shrinks_with_more_frames(setup):
 
 def _add_noise(frames, rng, smooth: bool, rms: float = 0.06):
     """Targets plus noise: independent per pixel, or smooth blobs (~15 px) of the same RMS."""
+    from scipy.ndimage import gaussian_filter
+
     out = []
     for imgs in frames:
         noisy = {}
         for cam, img in imgs.items():
-            h, w = img.shape[:2]
-            if smooth:  # a coarse random grid, bilinearly upsampled: correlated residuals
-                g = rng.normal(size=(h // 15 + 2, w // 15 + 2, 3))
-                ys, xs = np.linspace(0, g.shape[0] - 1, h), np.linspace(0, g.shape[1] - 1, w)
-                y0, x0 = np.floor(ys).astype(int).clip(0, g.shape[0] - 2), \
-                    np.floor(xs).astype(int).clip(0, g.shape[1] - 2)
-                fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
-                n = ((1 - fy) * (1 - fx) * g[y0][:, x0] + (1 - fy) * fx * g[y0][:, x0 + 1]
-                     + fy * (1 - fx) * g[y0 + 1][:, x0] + fy * fx * g[y0 + 1][:, x0 + 1])
-            else:
-                n = rng.normal(size=img.shape)
+            n = rng.normal(size=img.shape)
+            if smooth:  # low-pass in the image plane: correlated residuals
+                n = gaussian_filter(n, sigma=(5.0, 5.0, 0.0), mode="wrap")
             n = rms * n / n.std()
-            noisy[cam] = np.clip(img / 255.0 + n, 0, 1).__mul__(255).round().astype(np.uint8)
+            noisy[cam] = (np.clip(img / 255.0 + n, 0, 1) * 255).round().astype(np.uint8)
         out.append(noisy)
     return out
 
