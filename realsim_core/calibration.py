@@ -25,7 +25,6 @@ than its start. A non-finite loss or gradient rolls the step back.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 import warnings
@@ -50,7 +49,7 @@ from realsim_core.planes import (
     render_planes,
     texel_centres,
 )
-from realsim_core.render import rasterize
+from realsim_core.render import pair_count, rasterize
 from realsim_core.render.rasterize import DILATION_PX2
 from realsim_core.rig import Rig
 from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix, se3_exp
@@ -110,6 +109,10 @@ class CalibrationConfig:
     guard_cap_px: float = 8.0                    # edge distances are capped (outliers)
     tile_size: int = 8                           # 8x8 tiles: see docs/renderer.md
     capacity: int = 128                          # Gaussians per tile (nearest kept)
+    pair_margin: float = 2.0                     # binning list: this many times the most
+                                                 # (Gaussian, tile) pairs of any buffered
+                                                 # view (0: the renderer's 8 per Gaussian;
+                                                 # see CalibrationSession.fit_pair_budget)
     cull_backfaces: bool = True                  # surfels facing away take no tile slots
     dilation: str = "add"                        # rasteriser low-pass: "add" or "clamp"
     filter_px2: float = 0.1                      # ... its variance (px^2; 3DGS: 0.3)
@@ -135,6 +138,8 @@ class CalibrationConfig:
                                f"{self.plane_painters!r}")
         if self.shading not in ("sh2", "none"):
             raise RealsimError(f"shading must be 'sh2' or 'none', got {self.shading!r}")
+        if self.pair_margin != 0 and self.pair_margin < 1.25:
+            raise RealsimError(f"pair_margin must be 0 (off) or >= 1.25, got {self.pair_margin}")
         if not 0.0 < self.filter_px2 <= 4.0:
             raise RealsimError(f"filter_px2 must be in (0, 4] px^2, got {self.filter_px2}")
         if self.dilation not in ("add", "clamp"):
@@ -238,6 +243,7 @@ class _Static(NamedTuple):
     plane_res: int = 0
     plane_paint: jnp.ndarray | None = None  # [C] 1: the camera's pixels fit the textures
     filter_px2: float = DILATION_PX2
+    max_pairs: tuple = ()                   # [level] binning list size; () = renderer default
 
 
 class Buffers(NamedTuple):
@@ -371,8 +377,9 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
 
         paint = (jnp.ones(len(cams), jnp.float32) if static.plane_paint is None
                  else static.plane_paint[cam_idx])                        # [k]
+        all_paint = static.plane_paint is None or bool(np.all(np.asarray(static.plane_paint) == 1))
 
-        def one(m, qu, pose, bg, pw, intr=intr):
+        def one(m, qu, pose, bg, pw, intr=intr, all_paint=all_paint):
             col = colors
             if static.shading:
                 col = colors * surfel_shading(params["shading"], qu, m, pose)[:, None]
@@ -384,14 +391,15 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
                           background=None if packed is not None else bg,
                           tile_size=static.tile_size, capacity=static.capacity,
                           cull_backfaces=static.cull_backfaces, dilation=static.dilation,
-                          filter_px2=static.filter_px2, features=feats)
+                          filter_px2=static.filter_px2, features=feats,
+                          max_pairs=static.max_pairs[level] if static.max_pairs else None)
             depth = (r.features[..., 0] / jnp.maximum(r.alpha, 1e-6) if alpha
                      else jnp.zeros_like(r.alpha))
             if packed is None:
                 return r.rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
-            pk = pw * packed + (1.0 - pw) * jax.lax.stop_gradient(packed)
-            plane_rgb, hit = render_planes(static.planes, pk, static.plane_res, pose, intr)
+            plane_rgb, hit = render_planes(static.planes, packed, static.plane_res, pose, intr,
+                                           paint=None if all_paint else pw)
             behind = jnp.where(hit[..., None], plane_rgb, bg)
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
@@ -575,6 +583,8 @@ class CalibrationSession:
         # set from another thread to end the current cycle early (a node shutting down);
         # steps requested afterwards return at once
         self.stop_requested = False
+        self._fns: dict = {}
+        self._started = False
         self._build_optimisers()
         self.accepted = dict(self.params)
 
@@ -617,6 +627,89 @@ class CalibrationSession:
         self._pose_state = self._pose_opt.init(self.params)
         self._colour_state = self._colour_opt.init(self.params)
         self._steps = {}
+
+    def _cached(self, name: str, level: int, build):
+        """Jitted helpers, one per level; dropped when the static scene changes."""
+        key = (name, level)
+        if key not in self._fns:
+            self._fns[key] = build(level)
+        return self._fns[key]
+
+    def _set_static(self, static: _Static) -> None:
+        """Replace the static scene; every jitted function closes over it."""
+        self.static = static
+        self._steps = {}
+        self._fns = {}
+
+    def pair_need(self, params=None) -> tuple[int, ...]:
+        """Most (Gaussian, tile) pairs of any buffered view, per pyramid level.
+
+        Counted at `params` (default the current ones) with the rasteriser's own boxes,
+        before the planes' occlusion (an upper bound).
+        """
+        params = self.params if params is None else params
+        used = (np.asarray(self.bufs.valid)
+                * np.asarray(self.bufs.train | self.bufs.holdout)[:, None])
+        if not used.any():
+            return tuple(0 for _ in self.cfg.levels)
+        counts = np.asarray(self._pair_count_fn()(params, self.bufs.q))     # [L, F, C]
+        return tuple(int(np.max(np.where(used > 0, c, 0))) for c in counts)
+
+    def _pair_count_fn(self):
+        if getattr(self, "_pair_counts", None) is None:
+            static = self.static
+
+            @jax.jit
+            def fn(params, q):
+                poses = kinematics.forward_batch(static.km, q, params["joint_offsets"],
+                                                 params["corrections"],
+                                                 params["fixed_deltas"], params["mounted_deltas"])
+                means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss,
+                                                                          poses.bodies)
+                out = []
+                for level, intrs in enumerate(static.intrinsics):
+                    _, opac = _colours(params, static, level)
+                    per_cam = []
+                    for c, intr in enumerate(intrs):
+                        def one(x, intr=intr, c=c, opac=opac):
+                            m, qu, cams = x
+                            return pair_count(m, qu, static.gauss.scales, opac, cams[c], intr,
+                                              tile_size=static.tile_size,
+                                              cull_backfaces=static.cull_backfaces,
+                                              dilation=static.dilation,
+                                              filter_px2=static.filter_px2)
+                        per_cam.append(jax.lax.map(one, (means, quats, poses.cameras)))
+                    out.append(jnp.stack(per_cam, -1))                    # [F, C]
+                return jnp.stack(out)
+            self._pair_counts = fn
+        return self._pair_counts
+
+    def fit_pair_budget(self) -> bool:
+        """Size the rasteriser's pair list from the buffered views; True if it changed.
+
+        Binning sorts a list of `max_pairs` (Gaussian, tile) entries, 8 per Gaussian by
+        default, while the rig's small surfels need under one (calib-std: at most 0.71 N
+        at 212x120); the sort is most of the binning's time. The list gets `pair_margin`
+        times the most pairs of any buffered view (at least 4096, at most the default),
+        and grows (the jitted functions are rebuilt) when a view needs more than 80 % of
+        it: checked when a session starts, for every frame added after that and before
+        every acceptance test. A view beyond the list would lose pairs (holes).
+        """
+        if self.cfg.pair_margin == 0:
+            return False
+        need = self.pair_need()
+        cur = self.static.max_pairs
+        if cur and all(n <= 0.8 * c for n, c in zip(need, cur)):
+            return False
+        cap = 8 * int(self.static.gauss.means.shape[0])
+        new = tuple(min(cap, max(4096, -(-int(n * self.cfg.pair_margin) // 1024) * 1024))
+                    for n in need)
+        if cur:
+            new = tuple(max(a, b) for a, b in zip(new, cur))
+        if new == cur:
+            return False
+        self._set_static(self.static._replace(max_pairs=new))
+        return True
 
     def _step_fn(self, level: int):
         """One jitted step per pyramid level serving both colour and pose steps.
@@ -702,6 +795,8 @@ class CalibrationSession:
             holdout=b.holdout.at[slot].set(bool(holdout)),
         )
         self.metrics.frames = self.n_frames
+        if self._started:
+            self.fit_pair_budget()      # a new view may need a longer pair list
         return slot
 
     # ------------------------------------------------------------------ running
@@ -735,8 +830,10 @@ class CalibrationSession:
             jnp.asarray(joints, jnp.float32), tuple(targets)))
         return {c: float(r) for c, r, v in zip(self.cameras, res, valid) if v}
 
-    @functools.cache  # noqa: B019 - one per session and level, by design
     def _residual_fn(self, level: int):
+        return self._cached("_residual_fn", level, self._build_residual_fn)
+
+    def _build_residual_fn(self, level: int):
         static = self.static
 
         @jax.jit
@@ -809,8 +906,10 @@ class CalibrationSession:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts > 0, sums / counts, np.nan)
 
-    @functools.cache  # noqa: B019 - one per session and level, by design
     def _alpha_fn(self, level: int):
+        return self._cached("_alpha_fn", level, self._build_alpha_fn)
+
+    def _build_alpha_fn(self, level: int):
         return jax.jit(lambda p, b, i: render_batch(self.static, p, b.q[i], p["corrections"][i],
                                                     level, alpha=True)[1])
 
@@ -848,8 +947,10 @@ class CalibrationSession:
             return params, []
         return {**params, **{k: jnp.asarray(out[k], jnp.float32) for k in keys}}, reverted
 
-    @functools.cache  # noqa: B019 - one per session and level, by design
     def _eval_fn(self, level: int):
+        return self._cached("_eval_fn", level, self._build_eval_fn)
+
+    def _build_eval_fn(self, level: int):
         return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
 
     def _init_views(self, max_frames: int):
@@ -962,6 +1063,7 @@ class CalibrationSession:
 
     def start(self) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it."""
+        self.fit_pair_budget()
         if self.cfg.init_colours:
             self.init_colours_from_frames()
             self.accepted = dict(self.params)
@@ -996,6 +1098,8 @@ class CalibrationSession:
                 m.camera_reverts += len(reverted)
         res = self.holdout_residual(self.params)
         ok = bool(np.isfinite(res) and res <= m.holdout_l1)
+        if ok:
+            self.fit_pair_budget()      # the accepted poses' views fit the pair list
         if ok:
             self.accepted = dict(self.params)
             m.holdout_l1 = res

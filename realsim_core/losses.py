@@ -5,6 +5,8 @@ Images are float arrays [..., H, W, 3] in [0, 1]; masks/weights are [..., H, W].
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,31 +23,46 @@ def _gauss_kernel(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> np.ndar
     return k / k.sum()
 
 
-def _blur(x, kernel):
-    """Separable Gaussian blur with edge replication: x [N, H, W] -> [N, H, W]."""
-    r = (kernel.shape[0] - 1) // 2
-    k = jnp.asarray(kernel, x.dtype)
-    xp = jnp.pad(x, ((0, 0), (r, r), (r, r)), mode="edge")[:, None]   # [N, 1, H+2r, W+2r]
-    dn = ("NCHW", "OIHW", "NCHW")
-    y = jax.lax.conv_general_dilated(xp, k[None, None, :, None], (1, 1), "VALID",
-                                     dimension_numbers=dn)
-    y = jax.lax.conv_general_dilated(y, k[None, None, None, :], (1, 1), "VALID",
-                                     dimension_numbers=dn)
-    return y[:, 0]
+@functools.lru_cache(maxsize=32)
+def _blur_matrix(n: int, size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> np.ndarray:
+    """[n, n] matrix of the 1-D Gaussian blur with edge replication (float64).
+
+    Row i holds the kernel centred on i; taps that fall off the edge add to the edge
+    sample, which is what padding with the edge value does.
+    """
+    kernel = _gauss_kernel(size, sigma)
+    r = (size - 1) // 2
+    m = np.zeros((n, n))
+    rows = np.arange(n)
+    for t, w in enumerate(kernel):
+        np.add.at(m, (rows, np.clip(rows + t - r, 0, n - 1)), w)
+    return m
+
+
+def _blur(x):
+    """Separable Gaussian blur with edge replication: x [N, H, W] -> [N, H, W].
+
+    Two matrix products with banded blur matrices (K_h x K_w^T). XLA:CPU runs them 15x
+    faster than two single-channel `conv_general_dilated` calls (forward and gradient,
+    30 maps of 212x120, 2026-12-02); the matrices are H^2 + W^2 floats.
+    """
+    kh = jnp.asarray(_blur_matrix(x.shape[-2]), x.dtype)
+    kw = jnp.asarray(_blur_matrix(x.shape[-1]), x.dtype)
+    hi = jax.lax.Precision.HIGHEST   # no TF32 on GPUs: SSIM differences are small numbers
+    return jnp.matmul(kh, jnp.matmul(x, kw.T, precision=hi), precision=hi)
 
 
 def ssim_map(a, b):
     """Per-pixel SSIM of two images [..., H, W, 3] -> [..., H, W] (mean over channels)."""
     shape = a.shape
-    kern = _gauss_kernel()
     # [..., H, W, 3] -> [N, H, W] with channels folded into the batch
     to = lambda x: jnp.moveaxis(x.reshape((-1,) + shape[-3:]), -1, 1).reshape(  # noqa: E731
         (-1,) + shape[-3:-1])
     a2, b2 = to(a), to(b)
-    mu_a, mu_b = _blur(a2, kern), _blur(b2, kern)
-    saa = _blur(a2 * a2, kern) - mu_a * mu_a
-    sbb = _blur(b2 * b2, kern) - mu_b * mu_b
-    sab = _blur(a2 * b2, kern) - mu_a * mu_b
+    mu_a, mu_b = _blur(a2), _blur(b2)
+    saa = _blur(a2 * a2) - mu_a * mu_a
+    sbb = _blur(b2 * b2) - mu_b * mu_b
+    sab = _blur(a2 * b2) - mu_a * mu_b
     num = (2 * mu_a * mu_b + SSIM_C1) * (2 * sab + SSIM_C2)
     den = (mu_a * mu_a + mu_b * mu_b + SSIM_C1) * (saa + sbb + SSIM_C2)
     s = (num / den).reshape((-1, shape[-1]) + shape[-3:-1])

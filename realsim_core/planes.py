@@ -162,22 +162,34 @@ def _sample(packed, res: int, plane, s, t, level):
     y0 = jnp.clip(jnp.floor(y), 0, r - 1).astype(jnp.int32)
     x1, y1 = jnp.minimum(x0 + 1, r - 1), jnp.minimum(y0 + 1, r - 1)
     fx, fy = (x - x0)[..., None], (y - y0)[..., None]
-    tex = packed[plane]
+    # one gather from the flattened pyramid: its gradient is a scatter-add of the looked-up
+    # texels, not a dense texture-sized slice cotangent per lookup
+    flat = packed.reshape(-1, packed.shape[-1])
+    base = plane * packed.shape[1] + offset
 
     def at(yy, xx):
-        return tex[offset + yy * r + xx]
+        return flat[base + yy * r + xx]
 
     return ((1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1))
             + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1)))
 
 
-def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics):
+def _trilinear(packed, res: int, plane, s, t, l0, l1, w):
+    """Blend of the bilinear lookups at mip levels l0 and l1 = l0 + 1 (weight w of l1)."""
+    return ((1 - w) * _sample(packed, res, plane, s, t, l0)
+            + w * _sample(packed, res, plane, s, t, l1))
+
+
+def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics,
+                  paint=None):
     """Ray-cast the planes into one camera -> (rgb [H, W, 3], hit [H, W] bool).
 
     packed: `pyramid(sigmoid(logits))` [P, L, 3]; cam_pose [4, 4] T_world_cam (optical).
     The nearest plane in front of the camera whose rectangle the ray hits wins. Trilinear
     filtering: the mip level is log2 of the pixel footprint along its longer axis on the
-    plane (depth / (f cos)) over the texel size.
+    plane (depth / (f cos)) over the texel size. paint (scalar, may be traced): the
+    textures get `paint` times this camera's gradient (0: the camera sees the planes but
+    does not fit them); None is 1. The gradient to the camera pose is not scaled.
     """
     H, W = intr.height, intr.width
     dtype = cam_pose.dtype
@@ -209,8 +221,10 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         l0 = jnp.floor(lam).astype(jnp.int32)
         l1 = jnp.minimum(l0 + 1, n_levels(res) - 1)
         w = (lam - l0)[..., None]
-        col = ((1 - w) * _sample(packed, res, p, s, tt, l0)
-               + w * _sample(packed, res, p, s, tt, l1))
+        col = _trilinear(packed, res, p, s, tt, l0, l1, w)
+        if paint is not None:   # same value and pose gradient; texture gradient x paint
+            col = paint * col + (1.0 - paint) * _trilinear(jax.lax.stop_gradient(packed), res,
+                                                          p, s, tt, l0, l1, w)
         nearer = hit & (t < best_t)
         rgb = jnp.where(nearer[..., None], col, rgb)
         best_t = jnp.where(nearer, t, best_t)

@@ -4,6 +4,7 @@ from realsim_core.render.rasterize import (
     Projected,
     RenderOutput,
     covariance_from_quat_scale,
+    pair_count,
     project,
     rasterize,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "covariance_from_quat_scale",
     "eval_sh",
     "num_sh_bases",
+    "pair_count",
     "project",
     "rasterize",
     "render_reference",

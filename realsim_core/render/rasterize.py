@@ -204,12 +204,11 @@ def _ellipse_hits_rect(mean, conic, k2, x0, y0, size):
     return inside | (qmin <= k2)
 
 
-def _bin(proj: Projected, ntx: int, nty: int, tile: int, capacity: int, max_pairs: int):
-    """Sort-based binning: per tile the `capacity` nearest overlapping Gaussians."""
-    n = proj.depth.shape[0]
-    n_tiles = ntx * nty
-    if n_tiles * n + 1 >= 2**31:
-        raise ValueError(f"tiles x Gaussians = {n_tiles} x {n} does not fit int32 sort keys")
+def _tile_ranges(proj: Projected, ntx: int, nty: int, tile: int):
+    """Tile rectangle of every Gaussian's box -> (tx0, ty0, lx, ly, count) [N] int32.
+
+    count = lx * ly, the (Gaussian, tile) pairs it can take (0 when culled).
+    """
     mean2d = jax.lax.stop_gradient(proj.mean2d)
     lo = mean2d - proj.extent
     hi = mean2d + proj.extent
@@ -222,7 +221,35 @@ def _bin(proj: Projected, ntx: int, nty: int, tile: int, capacity: int, max_pair
     ty1 = jnp.clip(t1[:, 1], 0, nty).astype(jnp.int32)
     lx = jnp.maximum(tx1 - tx0, 0)
     ly = jnp.maximum(ty1 - ty0, 0)
-    count = jnp.where(proj.valid, lx * ly, 0)
+    return tx0, ty0, lx, ly, jnp.where(proj.valid, lx * ly, 0)
+
+
+def pair_count(means, quats, scales, opacities, cam_pose, intrinsics: CameraIntrinsics, *,
+               tile_size: int = 8, near: float = 0.01, cull_backfaces: bool = False,
+               dilation: str = "add", filter_px2: float = DILATION_PX2):
+    """(Gaussian, tile) pairs `rasterize` would list for this view (int32 scalar).
+
+    The binning sorts a list of `max_pairs` entries; a caller that knows its scenes can
+    size it from this count instead of the default 8 per Gaussian (the sort is most of
+    the binning's time). Pairs beyond `max_pairs` are dropped (`n_dropped_pairs`).
+    """
+    normals = (jax.lax.stop_gradient(quat_xyzw_to_matrix(quats)[:, :, 2])
+               if cull_backfaces else None)
+    proj = project(means, covariance_from_quat_scale(quats, scales), opacities, cam_pose,
+                   intrinsics, near, False, normals, dilation, filter_px2)
+    ntx = -(-intrinsics.width // tile_size)
+    nty = -(-intrinsics.height // tile_size)
+    return jnp.sum(_tile_ranges(proj, ntx, nty, tile_size)[-1])
+
+
+def _bin(proj: Projected, ntx: int, nty: int, tile: int, capacity: int, max_pairs: int):
+    """Sort-based binning: per tile the `capacity` nearest overlapping Gaussians."""
+    n = proj.depth.shape[0]
+    n_tiles = ntx * nty
+    if n_tiles * n + 1 >= 2**31:
+        raise ValueError(f"tiles x Gaussians = {n_tiles} x {n} does not fit int32 sort keys")
+    mean2d = jax.lax.stop_gradient(proj.mean2d)
+    tx0, ty0, lx, ly, count = _tile_ranges(proj, ntx, nty, tile)
 
     order = jnp.argsort(jnp.where(proj.valid, jax.lax.stop_gradient(proj.depth), jnp.inf))
     count_s = count[order]  # in depth order
