@@ -131,6 +131,26 @@ def test_recovers_one_joint_offset(setup):
     assert np.max(np.abs(others)) < 0.01, others
 
 
+def test_pair_list_is_sized_from_the_views_and_grows_when_short(setup):
+    rig, s, qs = setup
+    _reset(s, _fresh(s), qs)
+    s._set_static(s.static._replace(max_pairs=()))          # the renderer's 8 per Gaussian
+    default = C.render_batch(s.static, s.params, s.bufs.q[:2], s.params["corrections"][:2], 0)
+    need = s.pair_need()[0]
+    n_gauss = int(s.static.gauss.means.shape[0])
+    assert 0 < need < 3 * n_gauss       # 2.4 per Gaussian here (sparse, large; calib-std 0.7)
+    assert s.fit_pair_budget()
+    budget = s.static.max_pairs[0]
+    assert max(4096, 2 * need) <= budget < 8 * n_gauss
+    assert not s.fit_pair_budget()                          # already fits: no rebuild
+    sized = C.render_batch(s.static, s.params, s.bufs.q[:2], s.params["corrections"][:2], 0)
+    for a, b in zip(default, sized):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    s._set_static(s.static._replace(max_pairs=(need // 2,)))  # too short: holes
+    assert s.fit_pair_budget()
+    assert s.static.max_pairs[0] >= 2 * need
+
+
 def test_uncertainty_shrinks_with_more_frames(setup):
     rig, s, qs = setup
     truth = _fresh(s)  # earlier tests moved s.params

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from realsim_core.render import rasterize, render_reference, rgb_to_sh0
+from realsim_core.render import pair_count, rasterize, render_reference, rgb_to_sh0
 from realsim_core.se3 import se3_exp
 from realsim_core.types import CameraIntrinsics
 
@@ -139,6 +139,21 @@ def test_overflow_is_reported():
     assert float(np.abs(np.asarray(small.rgb - ok.rgb)).max()) > IMAGE_ATOL  # visibly degraded
     dropped = _render(scene, pose, capacity=256, max_pairs=50)
     assert int(dropped.n_dropped_pairs) > 0
+
+
+def test_pair_count_sizes_the_pair_list_exactly():
+    scene = random_scene(7, n=300)
+    pose = np.asarray(se3_exp(jnp.asarray([0.01, 0.02, -0.03, 0.04, 0.02, -0.01])))
+    s = {k: jnp.asarray(v, jnp.float32) for k, v in scene.items()}
+    need = int(pair_count(s["means"], s["quats"], s["scales"], s["opacities"],
+                          jnp.asarray(pose, jnp.float32), INTR))
+    assert 300 < need < 8 * 300
+    full = _render(scene, pose, capacity=256)                  # default list: 8 per Gaussian
+    exact = _render(scene, pose, capacity=256, max_pairs=need)
+    short = _render(scene, pose, capacity=256, max_pairs=need - 7)
+    assert int(exact.n_dropped_pairs) == 0
+    np.testing.assert_array_equal(np.asarray(exact.rgb), np.asarray(full.rgb))
+    assert int(short.n_dropped_pairs) == 7
 
 
 def test_culls_behind_camera_and_outside():
