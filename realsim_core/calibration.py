@@ -584,6 +584,7 @@ class CalibrationSession:
         # steps requested afterwards return at once
         self.stop_requested = False
         self._fns: dict = {}
+        self._pair_counts = None        # jitted pair counter (independent of the list size)
         self._started = False
         self._build_optimisers()
         self.accepted = dict(self.params)
@@ -656,7 +657,7 @@ class CalibrationSession:
         return tuple(int(np.max(np.where(used > 0, c, 0))) for c in counts)
 
     def _pair_count_fn(self):
-        if getattr(self, "_pair_counts", None) is None:
+        if self._pair_counts is None:
             static = self.static
 
             @jax.jit
@@ -1100,7 +1101,6 @@ class CalibrationSession:
         ok = bool(np.isfinite(res) and res <= m.holdout_l1)
         if ok:
             self.fit_pair_budget()      # the accepted poses' views fit the pair list
-        if ok:
             self.accepted = dict(self.params)
             m.holdout_l1 = res
             m.accepted += 1
