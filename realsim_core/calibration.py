@@ -343,6 +343,17 @@ def surfel_shading(coef, quats, means, cam_pose):
     return _sh2_basis(n) @ coef[0] + _sh2_basis(n_cam) @ coef[1]
 
 
+POSE_KEYS = ("joint_offsets", "fixed_deltas", "mounted_deltas", "corrections")
+POSE_CLIP_NORM = 10.0    # global-norm clip of the pose gradient (a guard, rarely active)
+
+
+def _pose_only(updates, params=None):
+    """The pose groups' gradients; every other group zeroed (optax.stateless)."""
+    del params
+    return {k: (v if k in POSE_KEYS else jax.tree_util.tree_map(jnp.zeros_like, v))
+            for k, v in updates.items()}
+
+
 def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]]:
     """Cameras with identical intrinsics share one traced (vmapped) render."""
     groups: dict[CameraIntrinsics, list[int]] = {}
@@ -477,9 +488,6 @@ def _prior(params, cfg: CalibrationConfig, nominal):
     return 0.5 * p
 
 
-_POSE_KEYS = ("joint_offsets", "fixed_deltas", "mounted_deltas", "corrections")
-
-
 class _PoseAverage:
     """Running mean of the pose parameters over the cycles k >= start of one level."""
 
@@ -489,7 +497,7 @@ class _PoseAverage:
     def add(self, k: int, params) -> None:
         if k < self.start:
             return
-        x = {key: np.asarray(params[key], np.float64) for key in _POSE_KEYS}
+        x = {key: np.asarray(params[key], np.float64) for key in POSE_KEYS}
         self.sum = x if self.sum is None else {key: self.sum[key] + x[key] for key in x}
         self.n += 1
 
@@ -622,7 +630,10 @@ class CalibrationSession:
         colour_tx["shading"] = (optax.adam(cfg.lr_shading) if cfg.shading != "none"
                                 else zero())
         labels = {k: k for k in pose_tx}
-        self._pose_opt = optax.chain(optax.clip_by_global_norm(10.0),
+        # the step computes every gradient; the clip must see the pose groups' only, or a
+        # large colour gradient would shrink the pose step
+        self._pose_opt = optax.chain(optax.stateless(_pose_only),
+                                     optax.clip_by_global_norm(POSE_CLIP_NORM),
                                      optax.multi_transform(pose_tx, labels))
         self._colour_opt = optax.multi_transform(colour_tx, labels)
         self._pose_state = self._pose_opt.init(self.params)

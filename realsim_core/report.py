@@ -44,8 +44,9 @@ def residual_figures(session, start_params, frame: int | None = None) -> list[st
         hold = np.flatnonzero(np.asarray(session.bufs.holdout))
         frame = int(hold[0]) if hold.size else 0
     # the start poses rendered with the fitted appearance: shows misalignment, not colour
-    pose_keys = ("joint_offsets", "fixed_deltas", "mounted_deltas", "corrections")
-    start = {**session.accepted, **{k: start_params[k] for k in pose_keys}}
+    from realsim_core.calibration import POSE_KEYS
+
+    start = {**session.accepted, **{k: start_params[k] for k in POSE_KEYS}}
     before = _render_all(session, start, frame, level)
     after = _render_all(session, session.accepted, frame, level)
     figs = []

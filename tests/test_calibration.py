@@ -7,6 +7,7 @@ end-to-end runs are the benchmark's job (docs/calibration.md).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -676,3 +677,42 @@ def test_prior_weight_last_is_used_at_the_last_of_several_levels():
     assert cfg.replace(prior_weight_last=None).level_prior_weight(1) == 1e-3
     with pytest.raises(C.RealsimError, match="filter_px2"):
         C.CalibrationConfig(filter_px2=0.0)
+
+
+def test_pose_gradient_clip_ignores_the_colour_gradient(setup):
+    """The step computes every gradient; only the pose groups' may decide the pose clip.
+
+    Adam is invariant to one gradient's scale but not to a step scaled differently from
+    the others: a colour gradient far above the clip norm in one step must not shrink that
+    step's pose gradient (and so the pose update) compared with a step without it.
+    """
+    rig, s, qs = setup
+    s.cfg = s.cfg.replace(optimise_joints=True, optimise_cameras=True)
+    s._build_optimisers()
+    params = _fresh(s)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    g = dict(zero, joint_offsets=jnp.full_like(params["joint_offsets"], 0.1),
+             fixed_deltas=jnp.full_like(params["fixed_deltas"], -0.05))
+    loud = dict(g, color_logits=jnp.full_like(params["color_logits"], 1e3))
+
+    def second_update(second):
+        state = s._pose_opt.init(params)
+        _, state = s._pose_opt.update(g, state, params)
+        up, _ = s._pose_opt.update(second, state, params)
+        return up
+
+    quiet_up, loud_up = second_update(g), second_update(loud)
+    for k in ("joint_offsets", "fixed_deltas"):
+        np.testing.assert_allclose(np.asarray(loud_up[k]), np.asarray(quiet_up[k]),
+                                   rtol=1e-6, atol=1e-9)
+    assert float(jnp.abs(loud_up["color_logits"]).max()) == 0.0
+    # the clip itself still acts on a pose gradient above its norm: the update is the one
+    # of that gradient scaled to the norm
+    norm = float(jnp.sqrt(sum(jnp.sum(jnp.square(g[k])) for k in C.POSE_KEYS)))
+    assert norm < C.POSE_CLIP_NORM
+    big_up = second_update(jax.tree_util.tree_map(lambda x: x * 1e4, loud))
+    at_norm = second_update(jax.tree_util.tree_map(lambda x: x * C.POSE_CLIP_NORM / norm, g))
+    for k in ("joint_offsets", "fixed_deltas"):
+        np.testing.assert_allclose(np.asarray(big_up[k]), np.asarray(at_norm[k]), rtol=1e-5)
+        assert not np.allclose(np.asarray(big_up[k]), np.asarray(quiet_up[k]), rtol=1e-3)
+
