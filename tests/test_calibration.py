@@ -455,14 +455,14 @@ def test_pose_average_is_the_tail_mean_of_the_iterates():
     avg = C._PoseAverage(start=2)
     base = {"color_logits": jnp.ones(3)}
     for k, v in enumerate([10.0, 20.0, 1.0, 2.0, 3.0]):
-        avg.add(k, {**base, **{key: jnp.full((2,), v) for key in C._POSE_KEYS}})
-    out = avg.apply({**base, **{key: jnp.zeros(2) for key in C._POSE_KEYS}})
-    for key in C._POSE_KEYS:
+        avg.add(k, {**base, **{key: jnp.full((2,), v) for key in C.POSE_KEYS}})
+    out = avg.apply({**base, **{key: jnp.zeros(2) for key in C.POSE_KEYS}})
+    for key in C.POSE_KEYS:
         np.testing.assert_allclose(np.asarray(out[key]), 2.0)   # mean of 1, 2, 3 only
     np.testing.assert_array_equal(np.asarray(out["color_logits"]), 1.0)
     one = C._PoseAverage(start=0)
-    one.add(0, {key: jnp.full((2,), 5.0) for key in C._POSE_KEYS})
-    p = {key: jnp.zeros(2) for key in C._POSE_KEYS}
+    one.add(0, {key: jnp.full((2,), 5.0) for key in C.POSE_KEYS})
+    p = {key: jnp.zeros(2) for key in C.POSE_KEYS}
     assert one.apply(p) is p                                   # a single iterate: unchanged
 
 
