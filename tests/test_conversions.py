@@ -209,6 +209,27 @@ def test_mesh_topic_names_are_valid():
         validate_full_topic_name(topic.replace("~", "/realsim", 1))  # raises if invalid
 
 
+@needs_ros
+@pytest.mark.parametrize("keep", [0.9, 0.3, 0.1])
+def test_stamp_gaps_count_the_missing_messages(keep):
+    """Stamps of a 30 Hz stream of which a share `keep` arrives: the gap estimate counts
+    every missing message between the first and the last received, also at 90 % loss
+    (a median interval would be a gap there) and in the first intervals."""
+    from realsim_ros.calibration_node import _TopicCounter
+
+    rng = np.random.default_rng(3)
+    period = 1_000_000_000 // 30
+    got = np.flatnonzero(rng.random(600) < keep)
+    c = _TopicCounter("x")
+    for i in got:
+        # a little stamp jitter (+-1.5 ms) on every message
+        c.stamp(int(1.7e18 + i * period + rng.uniform(-1.5e6, 1.5e6)))
+    assert c.gaps == got[-1] - got[0] + 1 - len(got)
+    # a pause is not counted as a million drops
+    c.stamp(int(1.7e18 + (got[-1] + 10**7) * period))
+    assert c.gaps == got[-1] - got[0] + 1 - len(got) + 100
+
+
 # ------------------------------------------------------------------------ online loop
 
 
