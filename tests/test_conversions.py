@@ -212,9 +212,12 @@ def test_mesh_topic_names_are_valid():
 @needs_ros
 @pytest.mark.parametrize("keep", [0.9, 0.3, 0.1])
 def test_stamp_gaps_count_the_missing_messages(keep):
-    """Stamps of a 30 Hz stream of which a share `keep` arrives: the gap estimate counts
-    every missing message between the first and the last received, also at 90 % loss
-    (a median interval would be a gap there) and in the first intervals."""
+    """The stamp-gap estimate counts every message lost in a 30 Hz stream.
+
+    A share `keep` of the stream arrives; every missing message between the first and the
+    last received one is counted, also at 90 % loss (a median interval is a gap there)
+    and in the first intervals, before the period is known.
+    """
     from realsim_ros.calibration_node import _TopicCounter
 
     rng = np.random.default_rng(3)
