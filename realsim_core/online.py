@@ -148,11 +148,13 @@ class DriftDetector:
     """
 
     def __init__(self, ratio: float = 1.3, min_excess: float = 0.005, patience: int = 3,
-                 window: int = 8, min_history: int = 3) -> None:
-        if ratio <= 1 or min_excess < 0 or patience < 1 or window < 1 or min_history < 1:
+                 window: int = 8, min_history: int = 5) -> None:
+        if (ratio <= 1 or min_excess < 0 or patience < 1 or window < 1 or min_history < 1
+                or min_history > window):
             raise RealsimError(
                 f"DriftDetector: need ratio > 1, min_excess >= 0, patience/window/min_history"
-                f" >= 1; got {ratio}, {min_excess}, {patience}, {window}, {min_history}")
+                f" >= 1 and min_history <= window; got ratio {ratio}, min_excess {min_excess},"
+                f" patience {patience}, window {window}, min_history {min_history}")
         self.ratio, self.min_excess = float(ratio), float(min_excess)
         self.patience, self.window, self.min_history = int(patience), int(window), int(min_history)
         self._history: dict[str, deque[float]] = {}

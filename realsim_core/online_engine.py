@@ -12,8 +12,13 @@ before each comparison. Each rejected test halves the pose step size (reduce on 
 down to `lr_final_fraction` of the configured rates), so the estimate settles instead of
 jittering at Adam's constant step; a drift re-open restores full steps.
 
-Drift: once the session runs, every new frame is scored per camera under the accepted
-estimate (mean L1 at the finest level) and fed to a `DriftDetector`. When a camera's
+Drift: once the session has run its first acceptance test (so the appearance has been
+fitted to the buffered frames for `accept_every` cycles after the colour warm-up), every
+new frame is scored per camera under the accepted estimate (mean L1 at the finest level)
+and fed to a `DriftDetector`. Frames that arrive earlier are not judged: under colours
+painted from a few frames, a wrist view that moves onto content none of them showed
+scores high without any bump (`make demo`, session 12: a false drift of
+`cam_left_wrist` that masked 14 of its 20 images). When a camera's
 residual stays above its recent baseline (a bumped camera), the estimator reports it in
 `drift` (the node puts it in /diagnostics) and re-opens that camera: its images older
 than the drift onset are masked out of the buffer (training and held-out), the
@@ -60,7 +65,7 @@ class SessionEstimator:
     acceptance tests; holdout_every: one in N non-keyframes is held out; converged_after:
     rejected acceptance tests in a row -> state "converged"; drift: score new frames per
     camera and re-open bumped cameras; drift_ratio, drift_min_excess, drift_patience,
-    drift_window: `DriftDetector` thresholds (see realsim_core.online).
+    drift_window, drift_min_history: `DriftDetector` thresholds (see realsim_core.online).
     """
 
     is_calibration = True
@@ -69,7 +74,8 @@ class SessionEstimator:
                  max_frames: int = 24, min_frames: int = 4, n_gaussians: int = 8000,
                  accept_every: int = 5, holdout_every: int = 5, converged_after: int = 3,
                  drift: bool = True, drift_ratio: float = 1.3, drift_min_excess: float = 0.005,
-                 drift_patience: int = 3, drift_window: int = 8) -> None:
+                 drift_patience: int = 3, drift_window: int = 8,
+                 drift_min_history: int = 5) -> None:
         self.rig = rig
         self.cfg = config or DEFAULT_CONFIG
         self.max_frames = max_frames
@@ -80,7 +86,8 @@ class SessionEstimator:
         self.converged_after = max(1, converged_after)
         self.drift_enabled = bool(drift)
         self._drift_args = dict(ratio=drift_ratio, min_excess=drift_min_excess,
-                                patience=drift_patience, window=drift_window)
+                                patience=drift_patience, window=drift_window,
+                                min_history=drift_min_history)
         DriftDetector(**self._drift_args)  # bad thresholds fail here, at start
         self.drift_events: list[dict] = []  # every drift seen: camera, residual, baseline, stamp
         self.reset(start)
@@ -90,6 +97,7 @@ class SessionEstimator:
         self._start = start
         self.session: CalibrationSession | None = None
         self._started = False
+        self._judging = False  # drift is judged after the first acceptance test
         self._nominal_params = None
         self._dirty = False  # held-out set changed since the last scoring
         self._others = 0
@@ -111,7 +119,7 @@ class SessionEstimator:
         s = self.session
         q = np.concatenate([frame.joints[a.name] for a in self.rig.arms])
         images = {c: img.rgb for c, img in frame.images.items() if c in self.rig.camera_names}
-        if self._started and self.drift_enabled:
+        if self._judging and self.drift_enabled:
             self._check_drift(images, q, frame.stamp_ns)
         holdout = False
         if not keyframe:
@@ -147,6 +155,7 @@ class SessionEstimator:
             return False
         self._rescore()
         ok = s.try_accept()
+        self._judging = True
         self._rejected_in_row = 0 if ok else self._rejected_in_row + 1
         if not ok:  # reduce on plateau: halve the pose step, down to the offline floor
             s.lr_scale = max(self.cfg.lr_final_fraction, 0.5 * s.lr_scale)

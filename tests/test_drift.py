@@ -77,6 +77,15 @@ def test_missing_cameras_are_skipped_and_bad_settings_refused():
     assert np.isnan(det.baseline("cam_low"))
     with pytest.raises(RealsimError, match="ratio > 1"):
         DriftDetector(ratio=0.9)
+    with pytest.raises(RealsimError, match="min_history <= window"):
+        DriftDetector(window=4, min_history=5)  # could never judge
+
+
+def test_no_judgement_before_min_history_normal_residuals():
+    det = DriftDetector(min_history=5, patience=1)
+    rows = [np.asarray([0.05, 0.06, 0.12, 0.10])] * 4 + [np.asarray([0.05, 0.06, 0.5, 0.10])]
+    assert _feed(det, rows) == []  # the 5th residual still builds the baseline
+    assert _feed(det, [np.asarray([0.05, 0.06, 0.5, 0.10])]) == [(0, "cam_left_wrist")]
 
 
 # ------------------------------------------------------------------ the engine adapter
@@ -113,13 +122,14 @@ def test_engine_flags_a_bumped_camera_and_reopens_it():
                               holdout_fraction=0.0, lr_camera=3e-3, lr_joint=3e-3,
                               init_colours=False, prior_weight=1e-3)
     est = SessionEstimator(rig, nominal_calibration(rig), config=cfg, max_frames=N_FRAMES,
-                           min_frames=N_FRAMES, n_gaussians=N_GAUSS, accept_every=1,
-                           holdout_every=10**6, drift_patience=3)
+                           min_frames=N_FRAMES, n_gaussians=N_GAUSS, accept_every=2,
+                           holdout_every=10**6, drift_patience=3, drift_min_history=5)
+    n_early, n_normal = 2, 5  # frames before the first acceptance test; normal frames after
     rng = np.random.default_rng(1)
     J = len(rig.joint_names)
     qs = [rng.uniform(-0.3, 0.3, J) * np.r_[np.ones(6), 0.05, np.ones(6), 0.05]
           + np.r_[0, -0.6, 0.6, 0, 0.5, 0, 0.02, 0, -0.6, 0.6, 0, 0.5, 0, 0.02]
-          for _ in range(11)]
+          for _ in range(N_FRAMES + n_early + n_normal + 4)]
     # targets by a reference session with the estimator's shapes and initial appearance:
     # the nominal scene (the estimate's start), then cam_low bumped 15 mm / ~1.6 deg
     gauss = C.rig_gaussians(model, N_GAUSS, seed=0,
@@ -141,18 +151,26 @@ def test_engine_flags_a_bumped_camera_and_reopens_it():
     for k in range(N_FRAMES):
         est.add_frame(_frame(rig, qs[k], render(qs[k], truth), k), intr, keyframe=True)
     s = est.session
-    est.step()  # starts the session (compiles), one cycle
+    est.step()  # starts the session (compiles), one cycle, no acceptance test yet
+    # frames before the first acceptance test are not judged, even bumped ones: the
+    # appearance is not fitted yet, so a high residual says nothing about the pose
+    for k in range(N_FRAMES, N_FRAMES + n_early):
+        est.add_frame(_frame(rig, qs[k], render(qs[k], bumped), 100 + k), intr, keyframe=True)
+    assert est.residuals == {} and np.isnan(est.detector.baseline("cam_low"))
+    est.step()  # the first acceptance test: from now on new frames are judged
     assert est.drift == ""
     flagged_at = None
-    for k in range(N_FRAMES, 11):
-        params = truth if k < N_FRAMES + 3 else bumped  # 3 normal frames, then the bump
+    first = N_FRAMES + n_early
+    for k in range(first, len(qs)):
+        params = truth if k < first + n_normal else bumped  # baseline frames, then the bump
         est.add_frame(_frame(rig, qs[k], render(qs[k], params), 100 + k), intr,
                       keyframe=True)
         if est.drift and flagged_at is None:
             flagged_at = k
-    assert flagged_at == N_FRAMES + 3 + 2, (flagged_at, est.residuals, est.detector.events)
+    # judged from the 6th frame on (5 make the baseline), flagged after 3 high in a row
+    assert flagged_at == first + n_normal + 2, (flagged_at, est.residuals, est.detector.events)
     (event,) = est.drift_events
-    assert event["camera"] == "cam_low" and event["stamp_ns"] == 100 + N_FRAMES + 3
+    assert event["camera"] == "cam_low" and event["stamp_ns"] == 100 + first + n_normal
     assert event["masked_frames"] >= 1 and "cam_low drifted" in est.drift
     # cam_low's images from before the bump are out of the buffer; the others stay
     valid = np.asarray(s.bufs.valid)
