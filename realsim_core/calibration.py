@@ -409,9 +409,9 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             if packed is None:
                 return r.rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
-            plane_rgb, hit = render_planes(static.planes, packed, static.plane_res, pose, intr,
-                                           paint=None if all_paint else pw)
-            behind = jnp.where(hit[..., None], plane_rgb, bg)
+            plane_rgb, cover = render_planes(static.planes, packed, static.plane_res, pose,
+                                             intr, paint=None if all_paint else pw)
+            behind = plane_rgb + (1.0 - cover)[..., None] * bg
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
         # [B, k] renders: frames x cameras of this group, one trace

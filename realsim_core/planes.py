@@ -5,7 +5,8 @@ table has a 4.2 cm checker; ~8,700 surfels of ~2 cm each blur it, and its edges 
 fixed cameras' best pose cue) or too many for the tile slots. A plane is cheap to render
 exactly: intersect each pixel's ray with it, look the texture up with trilinear
 filtering (mip level from the pixel's footprint, as OpenGL does), and composite it behind
-the Gaussians. The gradient reaches the camera pose through the texture coordinates.
+the Gaussians. The gradient reaches the camera pose through the texture coordinates and
+through the anti-aliased coverage of the rectangle's edges.
 
 Planes are found in the MuJoCo model (`find_planes`): the up-facing, rectangular faces of
 static geoms (box tops, plane geoms) with at least `min_area` m². Gaussians hidden from a
@@ -182,12 +183,23 @@ def _trilinear(packed, res: int, plane, s, t, l0, l1, w):
 
 def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics,
                   paint=None):
-    """Ray-cast the planes into one camera -> (rgb [H, W, 3], hit [H, W] bool).
+    """Ray-cast the planes into one camera -> (rgb [H, W, 3], coverage [H, W]).
 
     packed: `pyramid(sigmoid(logits))` [P, L, 3]; cam_pose [4, 4] T_world_cam (optical).
-    The nearest plane in front of the camera whose rectangle the ray hits wins. Trilinear
-    filtering: the mip level is log2 of the pixel footprint along its longer axis on the
-    plane (depth / (f cos)) over the texel size. paint (scalar, may be traced): the
+    `rgb` is premultiplied by `coverage` (in [0, 1]), as the rasteriser's output is by its
+    alpha: composite as `rgb + (1 - coverage) * background`.
+
+    Anti-aliased edges: each plane covers the fraction `clip(0.5 + d_u, 0, 1) *
+    clip(0.5 + d_v, 0, 1)` of a pixel, d the signed distance in pixels from the pixel
+    centre to the rectangle's edge along each in-plane axis (the in-plane coordinate's
+    margin over its image-space gradient), and the planes are composited front to back
+    per pixel. The coverage is then a continuous function of the camera pose, so the
+    rectangle's outline (the table top's, the fixed cameras' sharpest distance cue) sends
+    a gradient to the pose; a hard inside test sends none (docs/calibration.md,
+    "Session 13"). A pixel whose ray misses every plane has coverage 0.
+
+    Trilinear filtering: the mip level is log2 of the pixel footprint along its longer axis
+    on the plane (depth / (f cos)) over the texel size. paint (scalar, may be traced): the
     textures get `paint` times this camera's gradient (0: the camera sees the planes but
     does not fit them); None is 1. The gradient to the camera pose is not scaled.
     """
@@ -195,28 +207,39 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
     dtype = cam_pose.dtype
     ys, xs = jnp.meshgrid(jnp.arange(H, dtype=dtype), jnp.arange(W, dtype=dtype), indexing="ij")
     d_cam = jnp.stack([(xs - intr.cx) / intr.fx, (ys - intr.cy) / intr.fy, jnp.ones_like(xs)], -1)
-    d = d_cam @ cam_pose[:3, :3].T                               # [H, W, 3] world, z_cam = 1
+    rot = cam_pose[:3, :3]
+    d = d_cam @ rot.T                                            # [H, W, 3] world, z_cam = 1
+    e_x, e_y = rot[:, 0] / intr.fx, rot[:, 1] / intr.fy          # d's change per pixel
     c = cam_pose[:3, 3]
     origin, u, v, half = (jnp.asarray(a, dtype) for a in planes[:4])
     normal = jnp.cross(u, v)
     n_planes = origin.shape[0]
     f = 0.5 * (intr.fx + intr.fy)
-    best_t = jnp.full((H, W), jnp.inf, dtype)
-    rgb = jnp.zeros((H, W, 3), dtype)
+    covs, cols, depths = [], [], []
     for p in range(n_planes):
         denom = d @ normal[p]                                    # < 0: ray meets the front
-        safe = jnp.where(denom < -1e-6, denom, -1.0)
+        front = denom < -1e-6
+        safe = jnp.where(front, denom, -1.0)
         t = ((origin[p] - c) @ normal[p]) / safe                 # depth along the optical axis
         x = c + t[..., None] * d
         a, b = (x - origin[p]) @ u[p], (x - origin[p]) @ v[p]
-        hit = (denom < -1e-6) & (t > 0) & (jnp.abs(a) <= half[p, 0]) & (jnp.abs(b) <= half[p, 1])
+        # image-space gradient of the in-plane coordinates (m per pixel): with x = c + t d
+        # and t = h / (d . n), dx/dpx = t (e - d (e . n) / (d . n)) for e = e_x, e_y
+        dx_dpx = t[..., None] * (e_x - d * ((e_x @ normal[p]) / safe)[..., None])
+        dx_dpy = t[..., None] * (e_y - d * ((e_y @ normal[p]) / safe)[..., None])
+        grad_a = jnp.sqrt((dx_dpx @ u[p]) ** 2 + (dx_dpy @ u[p]) ** 2 + 1e-30)
+        grad_b = jnp.sqrt((dx_dpx @ v[p]) ** 2 + (dx_dpy @ v[p]) ** 2 + 1e-30)
+        cov = (jnp.clip(0.5 + (half[p, 0] - jnp.abs(a)) / grad_a, 0.0, 1.0)
+               * jnp.clip(0.5 + (half[p, 1] - jnp.abs(b)) / grad_b, 0.0, 1.0))
+        seen = front & (t > 0) & (cov > 0.0)
+        cov = jnp.where(seen, cov, 0.0)
         s = 0.5 * (a / half[p, 0] + 1.0)
         tt = 0.5 * (b / half[p, 1] + 1.0)
         # footprint of one pixel on the plane (longer axis) over the texel size
         cos = -safe / jnp.linalg.norm(d, axis=-1)
         texel = jnp.sqrt(4 * half[p, 0] * half[p, 1]) / res
         foot = jax.lax.stop_gradient(
-            jnp.where(hit, t * jnp.linalg.norm(d, axis=-1) / (f * jnp.maximum(cos, 0.05)), 1.0))
+            jnp.where(seen, t * jnp.linalg.norm(d, axis=-1) / (f * jnp.maximum(cos, 0.05)), 1.0))
         lam = jnp.clip(jnp.log2(jnp.maximum(foot / texel, 1e-6)), 0.0, n_levels(res) - 1.0)
         l0 = jnp.floor(lam).astype(jnp.int32)
         l1 = jnp.minimum(l0 + 1, n_levels(res) - 1)
@@ -225,10 +248,23 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         if paint is not None:   # same value and pose gradient; texture gradient x paint
             col = paint * col + (1.0 - paint) * _trilinear(jax.lax.stop_gradient(packed), res,
                                                           p, s, tt, l0, l1, w)
-        nearer = hit & (t < best_t)
-        rgb = jnp.where(nearer[..., None], col, rgb)
-        best_t = jnp.where(nearer, t, best_t)
-    return rgb, jnp.isfinite(best_t)
+        covs.append(cov)
+        cols.append(col)
+        depths.append(jax.lax.stop_gradient(jnp.where(seen, t, jnp.inf)))
+    if n_planes == 0:
+        return jnp.zeros((H, W, 3), dtype), jnp.zeros((H, W), dtype)
+    cov = jnp.stack(covs, -1)                                    # [H, W, P]
+    col = jnp.stack(cols, -2)                                    # [H, W, P, 3]
+    order = jnp.argsort(jnp.stack(depths, -1), axis=-1)          # nearest first, per pixel
+    cov = jnp.take_along_axis(cov, order, -1)
+    col = jnp.take_along_axis(col, order[..., None], -2)
+    rgb = jnp.zeros((H, W, 3), dtype)
+    trans = jnp.ones((H, W), dtype)
+    for k in range(n_planes):                                    # front to back
+        wk = trans * cov[..., k]
+        rgb = rgb + wk[..., None] * col[..., k, :]
+        trans = trans * (1.0 - cov[..., k])
+    return rgb, 1.0 - trans
 
 
 def occluded_by_planes(planes: Planes, points, cam_centre):

@@ -71,24 +71,34 @@ def test_find_planes_on_aloha2_and_no_gaussians_on_or_under_them():
                   & (np.abs(w_all[:, 2]) < 1e-3))
 
 
-def _reference(planes, tex, pose, intr):
-    """float64 numpy: ray-plane intersection and bilinear lookup at the finest level."""
+def _reference(planes, tex, pose, intr, sub=8):
+    """float64 numpy: ray-plane intersection and bilinear lookup at the finest level at
+    each pixel centre, and the covered fraction of each pixel's box (sub x sub rays)."""
     H, W = intr.height, intr.width
     rgb = np.zeros((H, W, 3))
     hit = np.zeros((H, W), bool)
+    cover = np.zeros((H, W))
     R = tex.shape[1]
     o, u, v, h = planes.origin[0], planes.u[0], planes.v[0], planes.half[0]
     n = np.cross(u, v)
+
+    def ab(x, y):
+        d = pose[:3, :3] @ np.array([(x - intr.cx) / intr.fx, (y - intr.cy) / intr.fy, 1.0])
+        if d @ n >= 0:
+            return None
+        t = (o - pose[:3, 3]) @ n / (d @ n)
+        p = pose[:3, 3] + t * d - o
+        a, b = p @ u, p @ v
+        return None if t <= 0 or abs(a) > h[0] or abs(b) > h[1] else (a, b)
+
+    offs = (np.arange(sub) + 0.5) / sub - 0.5
     for y in range(H):
         for x in range(W):
-            d = pose[:3, :3] @ np.array([(x - intr.cx) / intr.fx, (y - intr.cy) / intr.fy, 1.0])
-            if d @ n >= 0:
+            cover[y, x] = np.mean([ab(x + dx, y + dy) is not None for dy in offs for dx in offs])
+            centre = ab(x, y)
+            if centre is None:
                 continue
-            t = (o - pose[:3, 3]) @ n / (d @ n)
-            p = pose[:3, 3] + t * d - o
-            a, b = p @ u, p @ v
-            if t <= 0 or abs(a) > h[0] or abs(b) > h[1]:
-                continue
+            a, b = centre
             hit[y, x] = True
             fx = np.clip((a / h[0] + 1) / 2 * R - 0.5, 0, R - 1)
             fy = np.clip((b / h[1] + 1) / 2 * R - 0.5, 0, R - 1)
@@ -97,7 +107,13 @@ def _reference(planes, tex, pose, intr):
             wx, wy = fx - x0, fy - y0
             rgb[y, x] = ((1 - wy) * ((1 - wx) * tex[0, y0, x0] + wx * tex[0, y0, x1])
                          + wy * ((1 - wx) * tex[0, y1, x0] + wx * tex[0, y1, x1]))
-    return rgb, hit
+    return rgb, hit, cover
+
+
+#: the anti-aliased edge is a linear ramp across one pixel along the edge's normal; the
+#: exact box coverage of a straight edge differs from it by at most 1/8 (a 45 degree edge)
+#: plus the 8 x 8 sampling's 1/64 steps, and at a corner the product of two ramps is used
+COVER_TOL = 0.15
 
 
 def test_render_planes_matches_float64_reference():
@@ -106,11 +122,47 @@ def test_render_planes_matches_float64_reference():
     pose = _look_down(0.5, tilt=0.35)
     tex = np.random.default_rng(0).uniform(0, 1, (1, 16, 16, 3))
     with jax.enable_x64(True):
-        rgb, hit = render_planes(ONE, pyramid(jnp.asarray(tex)), 16, jnp.asarray(pose), intr)
-    ref, ref_hit = _reference(ONE, tex, pose, intr)
-    assert ref_hit.sum() > 200 and (~ref_hit).sum() > 50      # the edge is in view
-    np.testing.assert_array_equal(np.asarray(hit), ref_hit)
-    np.testing.assert_allclose(np.asarray(rgb)[ref_hit], ref[ref_hit], atol=1e-9)
+        rgb, cover = render_planes(ONE, pyramid(jnp.asarray(tex)), 16, jnp.asarray(pose), intr)
+    rgb, cover = np.asarray(rgb), np.asarray(cover)
+    ref, ref_hit, ref_cover = _reference(ONE, tex, pose, intr)
+    inside, outside = ref_cover == 1.0, ref_cover == 0.0
+    edge = ~inside & ~outside
+    assert inside.sum() > 200 and outside.sum() > 50 and edge.sum() > 20   # edges in view
+    np.testing.assert_allclose(cover[inside], 1.0, atol=1e-9)
+    np.testing.assert_array_equal(cover[outside], 0.0)
+    np.testing.assert_allclose(rgb[inside], ref[inside], atol=1e-9)
+    assert np.abs(cover[edge] - ref_cover[edge]).max() < COVER_TOL
+    assert np.abs(cover[edge] - ref_cover[edge]).mean() < 0.05
+    # premultiplied: an edge pixel's colour is its coverage times the texture's colour
+    e = edge & ref_hit & (cover > 0.05)
+    np.testing.assert_allclose(rgb[e] / cover[e][:, None], ref[e], atol=0.05)
+
+
+def test_the_outline_of_a_plane_sends_a_gradient_to_the_camera_pose():
+    """Moving closer along the optical axis grows a rectangle's image area as 1/h^2: the
+    coverage's derivative must say so (a hard inside test has none)."""
+    # principal point off the half-pixel grid: no edge lands exactly on a ramp's end
+    # (there jnp.clip's derivative is one half)
+    intr = CameraIntrinsics(64, 48, 40.0, 40.0, 31.2, 23.3)
+    h = 2.0
+    R = 16
+    from realsim_core.se3 import se3_exp
+
+    with jax.enable_x64(True):
+        packed = pyramid(jnp.full((1, R, R, 3), 0.5))
+        base = jnp.asarray(_look_down(h))
+
+        def area(s):  # px covered, camera moved s metres forward along its optical axis
+            return jnp.sum(render_planes(ONE, packed, R, base @ se3_exp(
+                jnp.array([0.0, 0.0, s, 0.0, 0.0, 0.0])), intr)[1])
+
+        a0, g = float(area(0.0)), float(jax.grad(area)(0.0))
+        eps = 1e-3
+        fd = (float(area(eps)) - float(area(-eps))) / (2 * eps)
+    expected = 0.8 * 0.5 * 40.0 ** 2 / h ** 2           # 160 px: the rectangle's image area
+    assert a0 == pytest.approx(expected, rel=0.02)
+    assert g == pytest.approx(2.0 * expected / h, rel=0.05)   # d area / d s = 2 A / h
+    assert g == pytest.approx(fd, rel=0.02)
 
 
 def test_render_planes_pose_gradient_matches_finite_differences():
@@ -172,9 +224,11 @@ def test_far_checker_is_filtered_not_aliased():
     ij = np.add.outer(np.arange(R), np.arange(R)) % 2
     tex = np.repeat(ij[None, :, :, None].astype(float), 3, -1)        # texels 0/1
     intr = CameraIntrinsics(40, 30, 20.0, 20.0, 19.5, 14.5)
-    rgb, hit = render_planes(ONE, pyramid(jnp.asarray(tex, jnp.float32)), R,
-                             jnp.asarray(_look_down(2.0), jnp.float32), intr)
-    vals = np.asarray(rgb)[np.asarray(hit)]
+    rgb, cover = render_planes(ONE, pyramid(jnp.asarray(tex, jnp.float32)), R,
+                               jnp.asarray(_look_down(2.0), jnp.float32), intr)
+    cover = np.asarray(cover)
+    part = cover > 0.2          # edge pixels too: their colour is premultiplied by coverage
+    vals = np.asarray(rgb)[part] / cover[part][:, None]
     assert vals.size > 100
     assert np.all(np.abs(vals - 0.5) < 0.05), (vals.min(), vals.max())
     assert n_levels(R) == 7
