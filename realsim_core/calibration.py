@@ -86,6 +86,11 @@ class CalibrationConfig:
     wrist_weight: float = 0.1                    # image weight of wrist cameras (pose steps)
     colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
+    plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
+                                                 # test, no pose gradient), "soft" (anti-
+                                                 # aliased, differentiable), "textured" (soft
+                                                 # at textured levels only); docs/calibration.md
+                                                 # "Session 13" has the measurements
     prior_weight: float = 0.001                  # weight of the prior term vs the image loss
     prior_weight_last: float | None = 1e-4       # ... at the last level of a schedule of
                                                  # two or more (None: prior_weight); see
@@ -144,6 +149,9 @@ class CalibrationConfig:
             raise RealsimError(f"filter_px2 must be in (0, 4] px^2, got {self.filter_px2}")
         if self.dilation not in ("add", "clamp"):
             raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
+        if self.plane_edges not in ("soft", "textured", "hard"):
+            raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
+                               f"{self.plane_edges!r}")
         if self.flat_fixed_cameras not in ("keep", "discard"):
             raise RealsimError("flat_fixed_cameras must be 'keep' or 'discard', got "
                                f"{self.flat_fixed_cameras!r}")
@@ -244,6 +252,7 @@ class _Static(NamedTuple):
     plane_paint: jnp.ndarray | None = None  # [C] 1: the camera's pixels fit the textures
     filter_px2: float = DILATION_PX2
     max_pairs: tuple = ()                   # [level] binning list size; () = renderer default
+    plane_edges: str = "hard"               # CalibrationConfig.plane_edges
 
 
 class Buffers(NamedTuple):
@@ -379,6 +388,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
         if level < static.flat_levels:      # flat levels: one colour per plane, too
             tex = jnp.broadcast_to(tex.mean(axis=(1, 2), keepdims=True), tex.shape)
         packed = pyramid(tex)
+    planes = _planes_at_level(static, level)
     out: list = [None] * len(static.intrinsics[level])
     alphas: list = [None] * len(static.intrinsics[level])
     depths: list = [None] * len(static.intrinsics[level])
@@ -409,7 +419,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             if packed is None:
                 return r.rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
-            plane_rgb, cover = render_planes(static.planes, packed, static.plane_res, pose,
+            plane_rgb, cover = render_planes(planes, packed, static.plane_res, pose,
                                              intr, paint=None if all_paint else pw)
             behind = plane_rgb + (1.0 - cover)[..., None] * bg
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
@@ -423,6 +433,19 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             alphas[c] = per_alpha[:, j]
             depths[c] = per_depth[:, j]
     return (out, alphas, depths) if alpha else out
+
+
+def _planes_at_level(static: _Static, level: int) -> Planes | None:
+    """The planes as `render_batch` draws them at `level`.
+
+    Every edge is hard (`clipped`: no pose gradient) where `plane_edges` says so, else the
+    planes are as found (only clips of larger planes are hard).
+    """
+    planes = static.planes
+    if planes is not None and (static.plane_edges == "hard" or (
+            static.plane_edges == "textured" and level < static.flat_levels)):
+        planes = planes._replace(clipped=np.ones((len(planes.names), 2), bool))
+    return planes
 
 
 def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda,
@@ -556,7 +579,7 @@ class CalibrationSession:
                               jnp.asarray([0.0 if (c in mounted and
                                                    self.cfg.plane_painters == "fixed") else 1.0
                                            for c in self.cameras], jnp.float32),
-                              float(self.cfg.filter_px2))
+                              float(self.cfg.filter_px2), plane_edges=str(self.cfg.plane_edges))
         R = int(self.cfg.plane_texels) if planes is not None else 1
         plane_rgb = np.zeros((0, 3)) if planes is None else np.asarray(planes.rgb)
         J = len(km.joint_names)

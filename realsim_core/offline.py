@@ -34,6 +34,7 @@ class OfflineOptions:
                                       # but the last level; docs/calibration.md)
     seed: int = 0
     progress: bool = True
+    plane_edges: str = "hard"         # CalibrationConfig.plane_edges
     objects: bool = False             # reconstruct unknown objects after the calibration
     object_steps: int | None = None   # Adam steps per object (default ObjectConfig.steps)
 
@@ -114,7 +115,8 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     cycles = tuple(max(1, round(c * opts.steps_scale)) for c in base.cycles_per_level)
     n = len(opts.levels)
     cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
-                       flat_colour_levels=max(0, min(opts.flat_levels, n - 1)))
+                       flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
+                       plane_edges=opts.plane_edges)
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed,
                             near_bodies=C.mount_subtree_bodies(rig, model),
                             exclude_planes=cfg.textured_planes)

@@ -38,6 +38,10 @@ class Planes(NamedTuple):
     half: np.ndarray        # [P, 2] half extents along u, v (m)
     rgb: np.ndarray         # [P, 3] geom colour (initial texture)
     names: tuple = ()
+    #: [P, 2] bool, True where the rectangle's edges along u / v are a clip of a larger
+    #: (or infinite) plane geom, not its outline: those edges render hard and send no
+    #: gradient (the real floor goes on past them). None: every edge is an outline.
+    clipped: np.ndarray | None = None
 
     @property
     def normal(self):
@@ -96,11 +100,30 @@ def find_planes(model, max_extent_m: float = 1.5, min_area: float = 0.25) -> Pla
         vw = part.vertices @ T[:3, :3].T + T[:3, 3]
         rect = plane_rect(vw, np.asarray(part.faces), T[:3, 0], min_area)
         if rect is not None:
-            rows.append((*rect, np.asarray(part.rgb, np.float64), part.name))
+            rows.append((*rect, np.asarray(part.rgb, np.float64), part.name,
+                         _clipped_axes(model, part.name, max_extent_m)))
     if not rows:
-        return Planes(*(np.zeros((0, k)) for k in (3, 3, 3, 2, 3)), names=())
+        return Planes(*(np.zeros((0, k)) for k in (3, 3, 3, 2, 3)), names=(),
+                      clipped=np.zeros((0, 2), bool))
     return Planes(*(np.stack([r[i] for r in rows]).astype(np.float32) for i in range(5)),
-                  names=tuple(r[5] for r in rows))
+                  names=tuple(r[5] for r in rows), clipped=np.stack([r[6] for r in rows]))
+
+
+def _clipped_axes(model, geom_name: str, max_extent_m: float) -> np.ndarray:
+    """[2] bool: is the geom a plane whose x / y half-size is infinite (0) or clipped?
+
+    Clipped means larger than `max_extent_m`. `parts_from_mujoco` names a geom by its
+    name, or `geom<id>` when it has none.
+    """
+    import mujoco
+
+    gid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, geom_name)
+    if gid < 0 and geom_name.startswith("geom") and geom_name[4:].isdigit():
+        gid = int(geom_name[4:])
+    if gid < 0 or int(model.geom_type[gid]) != mujoco.mjtGeom.mjGEOM_PLANE:
+        return np.zeros(2, bool)
+    size = np.asarray(model.geom_size[gid, :2])
+    return (size <= 0) | (size > max_extent_m)
 
 
 def hidden_or_on_planes(planes: Planes | None, tri: np.ndarray,
@@ -193,9 +216,10 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
     clip(0.5 + d_v, 0, 1)` of a pixel, d the signed distance in pixels from the pixel
     centre to the rectangle's edge along each in-plane axis (the in-plane coordinate's
     margin over its image-space gradient), and the planes are composited front to back
-    per pixel. The coverage is then a continuous function of the camera pose, so the
-    rectangle's outline (the table top's, the fixed cameras' sharpest distance cue) sends
-    a gradient to the pose; a hard inside test sends none (docs/calibration.md,
+    per pixel. Edges that only clip a larger plane (`Planes.clipped`: the floor) stay hard.
+    The coverage is then a continuous function of the camera pose, so the rectangle's
+    outline (the table top's, the fixed cameras' sharpest distance cue) sends a gradient
+    to the pose; a hard inside test sends none (docs/calibration.md,
     "Session 13"). A pixel whose ray misses every plane has coverage 0.
 
     Trilinear filtering: the mip level is log2 of the pixel footprint along its longer axis
@@ -214,6 +238,8 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
     origin, u, v, half = (jnp.asarray(a, dtype) for a in planes[:4])
     normal = jnp.cross(u, v)
     n_planes = origin.shape[0]
+    clipped = (np.zeros((n_planes, 2), bool) if planes.clipped is None
+               else np.asarray(planes.clipped, bool))
     f = 0.5 * (intr.fx + intr.fy)
     covs, cols, depths = [], [], []
     for p in range(n_planes):
@@ -229,8 +255,13 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         dx_dpy = t[..., None] * (e_y - d * ((e_y @ normal[p]) / safe)[..., None])
         grad_a = jnp.sqrt((dx_dpx @ u[p]) ** 2 + (dx_dpy @ u[p]) ** 2 + 1e-30)
         grad_b = jnp.sqrt((dx_dpx @ v[p]) ** 2 + (dx_dpy @ v[p]) ** 2 + 1e-30)
-        cov = (jnp.clip(0.5 + (half[p, 0] - jnp.abs(a)) / grad_a, 0.0, 1.0)
-               * jnp.clip(0.5 + (half[p, 1] - jnp.abs(b)) / grad_b, 0.0, 1.0))
+        cov_a = jnp.clip(0.5 + (half[p, 0] - jnp.abs(a)) / grad_a, 0.0, 1.0)
+        cov_b = jnp.clip(0.5 + (half[p, 1] - jnp.abs(b)) / grad_b, 0.0, 1.0)
+        if clipped[p, 0]:
+            cov_a = (jnp.abs(a) <= half[p, 0]).astype(dtype)
+        if clipped[p, 1]:
+            cov_b = (jnp.abs(b) <= half[p, 1]).astype(dtype)
+        cov = cov_a * cov_b
         seen = front & (t > 0) & (cov > 0.0)
         cov = jnp.where(seen, cov, 0.0)
         s = 0.5 * (a / half[p, 0] + 1.0)
@@ -253,18 +284,19 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         depths.append(jax.lax.stop_gradient(jnp.where(seen, t, jnp.inf)))
     if n_planes == 0:
         return jnp.zeros((H, W, 3), dtype), jnp.zeros((H, W), dtype)
-    cov = jnp.stack(covs, -1)                                    # [H, W, P]
-    col = jnp.stack(cols, -2)                                    # [H, W, P, 3]
-    order = jnp.argsort(jnp.stack(depths, -1), axis=-1)          # nearest first, per pixel
-    cov = jnp.take_along_axis(cov, order, -1)
-    col = jnp.take_along_axis(col, order[..., None], -2)
+    # front to back per pixel without a sort: plane p is seen through every plane nearer
+    # along the ray (ties: the lower index is in front)
     rgb = jnp.zeros((H, W, 3), dtype)
-    trans = jnp.ones((H, W), dtype)
-    for k in range(n_planes):                                    # front to back
-        wk = trans * cov[..., k]
-        rgb = rgb + wk[..., None] * col[..., k, :]
-        trans = trans * (1.0 - cov[..., k])
-    return rgb, 1.0 - trans
+    trans_all = jnp.ones((H, W), dtype)
+    for p in range(n_planes):
+        trans = jnp.ones((H, W), dtype)
+        for q in range(n_planes):
+            if q != p:
+                nearer = (depths[q] < depths[p]) | ((depths[q] == depths[p]) & (q < p))
+                trans = trans * jnp.where(nearer, 1.0 - covs[q], 1.0)
+        rgb = rgb + (trans * covs[p])[..., None] * cols[p]
+        trans_all = trans_all * (1.0 - covs[p])
+    return rgb, 1.0 - trans_all
 
 
 def occluded_by_planes(planes: Planes, points, cam_centre):

@@ -51,6 +51,9 @@ def test_find_planes_on_aloha2_and_no_gaussians_on_or_under_them():
     f = p.names.index("floor")
     np.testing.assert_allclose(p.origin[f][2], -0.75, atol=1e-6)
     np.testing.assert_allclose(p.half[f], [1.5, 1.5], atol=1e-6)     # clipped to +-1.5 m
+    # the floor's rectangle is a clip of a larger plane: its edges are not an outline
+    np.testing.assert_array_equal(p.clipped[f], [True, True])
+    np.testing.assert_array_equal(p.clipped[t], [False, False])
 
     g = C.rig_gaussians(model, 8000, near_bodies=C.mount_subtree_bodies(rig, model))
     still = np.asarray(model.body_weldid)[g.body] == 0
@@ -72,8 +75,11 @@ def test_find_planes_on_aloha2_and_no_gaussians_on_or_under_them():
 
 
 def _reference(planes, tex, pose, intr, sub=8):
-    """float64 numpy: ray-plane intersection and bilinear lookup at the finest level at
-    each pixel centre, and the covered fraction of each pixel's box (sub x sub rays)."""
+    """float64 numpy reference of one plane: (rgb, hit, cover).
+
+    Ray-plane intersection and bilinear lookup at the finest level at each pixel centre,
+    and the covered fraction of each pixel's box (sub x sub rays).
+    """
     H, W = intr.height, intr.width
     rgb = np.zeros((H, W, 3))
     hit = np.zeros((H, W), bool)
@@ -139,8 +145,11 @@ def test_render_planes_matches_float64_reference():
 
 
 def test_the_outline_of_a_plane_sends_a_gradient_to_the_camera_pose():
-    """Moving closer along the optical axis grows a rectangle's image area as 1/h^2: the
-    coverage's derivative must say so (a hard inside test has none)."""
+    """Moving closer grows a rectangle's image area as 1/h^2.
+
+    The coverage's derivative along the optical axis must say so (a hard inside test has
+    none).
+    """
     # principal point off the half-pixel grid: no edge lands exactly on a ramp's end
     # (there jnp.clip's derivative is one half)
     intr = CameraIntrinsics(64, 48, 40.0, 40.0, 31.2, 23.3)
@@ -159,10 +168,14 @@ def test_the_outline_of_a_plane_sends_a_gradient_to_the_camera_pose():
         a0, g = float(area(0.0)), float(jax.grad(area)(0.0))
         eps = 1e-3
         fd = (float(area(eps)) - float(area(-eps))) / (2 * eps)
+        clip = ONE._replace(clipped=np.array([[True, True]]))   # a clip, not an outline
+        g_clip = float(jax.grad(lambda s: jnp.sum(render_planes(clip, packed, R, base @ se3_exp(
+            jnp.array([0.0, 0.0, s, 0.0, 0.0, 0.0])), intr)[1]))(0.0))
     expected = 0.8 * 0.5 * 40.0 ** 2 / h ** 2           # 160 px: the rectangle's image area
     assert a0 == pytest.approx(expected, rel=0.02)
     assert g == pytest.approx(2.0 * expected / h, rel=0.05)   # d area / d s = 2 A / h
     assert g == pytest.approx(fd, rel=0.02)
+    assert g_clip == 0.0
 
 
 def test_render_planes_pose_gradient_matches_finite_differences():
@@ -257,3 +270,48 @@ def test_texel_centres_span_the_rectangle():
 def test_plane_texels_must_be_a_power_of_two(res):
     with pytest.raises(Exception, match="power of two"):
         C.CalibrationConfig(plane_texels=res)
+
+
+def test_a_nearer_plane_hides_a_farther_one_and_blends_at_its_edge():
+    """Two planes from above: the higher (nearer) one in front; its outline a blend."""
+    two = Planes(origin=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.5]]),
+                 u=np.array([[1.0, 0, 0], [1.0, 0, 0]]), v=np.array([[0, 1.0, 0], [0, 1.0, 0]]),
+                 half=np.array([[0.2, 0.15], [1.0, 1.0]]),
+                 rgb=np.array([[1.0, 0, 0], [0, 0, 1.0]]), names=("top", "floor"))
+    R = 8
+    tex = np.stack([np.broadcast_to([1.0, 0.0, 0.0], (R, R, 3)),      # top: red
+                    np.broadcast_to([0.0, 0.0, 1.0], (R, R, 3))])     # floor: blue
+    intr = CameraIntrinsics(48, 36, 40.0, 40.0, 23.2, 17.3)
+    rgb, cover = render_planes(two, pyramid(jnp.asarray(tex, jnp.float32)), R,
+                               jnp.asarray(_look_down(1.0), jnp.float32), intr)
+    rgb, cover = np.asarray(rgb), np.asarray(cover)
+    np.testing.assert_allclose(cover, 1.0, atol=1e-6)          # the floor fills the view
+    red, blue = rgb[..., 0], rgb[..., 2]
+    np.testing.assert_allclose(red + blue, 1.0, atol=1e-5)     # every pixel: red or blue
+    assert (red > 0.999).sum() > 100 and (blue > 0.999).sum() > 500
+    edge = (red > 0.01) & (red < 0.99)
+    assert edge.sum() > 20                                     # the top's outline blends
+    # the top covers its image area: 0.4 x 0.3 m at 1 m with f = 40 px
+    assert red.sum() == pytest.approx(0.4 * 0.3 * 40.0 ** 2, rel=0.03)
+
+
+def test_plane_edges_option_picks_hard_or_soft_outlines_per_level():
+    def at(edges, level):
+        static = C._Static(None, None, (), None, None, flat_levels=1, planes=FLOOR_AND_TOP,
+                           plane_edges=edges)
+        return np.asarray(C._planes_at_level(static, level).clipped)
+
+    clips = np.asarray(FLOOR_AND_TOP.clipped)          # the floor's clip is hard in every mode
+    np.testing.assert_array_equal(at("soft", 0), clips)
+    np.testing.assert_array_equal(at("textured", 1), clips)
+    assert at("textured", 0).all() and at("hard", 0).all() and at("hard", 1).all()
+    with pytest.raises(C.RealsimError, match="plane_edges"):
+        C.CalibrationConfig(plane_edges="fuzzy")
+
+
+FLOOR_AND_TOP = Planes(origin=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.75]]),
+                       u=np.array([[1.0, 0, 0], [1.0, 0, 0]]),
+                       v=np.array([[0, 1.0, 0], [0, 1.0, 0]]),
+                       half=np.array([[0.7, 0.38], [1.5, 1.5]]),
+                       rgb=np.full((2, 3), 0.5), names=("table_top", "floor"),
+                       clipped=np.array([[False, False], [True, True]]))

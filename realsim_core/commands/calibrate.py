@@ -27,6 +27,10 @@ def add_parser(sub) -> None:
     p.add_argument("--flat-levels", type=int, default=1, metavar="N",
                    help="the first N levels render one colour per link side, so the colours "
                         "cannot absorb a misregistration (default 1; never the last level)")
+    p.add_argument("--plane-edges", choices=("hard", "textured", "soft"), default="hard",
+                   help="outline of the table top: hard (no pose gradient; default), soft "
+                        "(anti-aliased, its edge pulls the camera poses), textured (soft after "
+                        "the flat levels); see docs/calibration.md")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--objects", dest="objects", action="store_true",
                    help="also reconstruct unknown objects (meshes under OUT/meshes/)")
@@ -55,7 +59,7 @@ def run(args) -> int:
         raise RealsimError("--steps and --time-budget must be > 0")
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
-                          flat_levels=args.flat_levels,
+                          flat_levels=args.flat_levels, plane_edges=args.plane_edges,
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps)
     m = calibrate_bag(args.bag, args.out, opts)
