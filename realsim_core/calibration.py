@@ -79,6 +79,11 @@ class CalibrationConfig:
     flat_static: bool = False                    # ... also on the static scene (table, floor)
     flat_fixed_cameras: str = "keep"             # fixed-camera deltas of the flat levels:
                                                  # "keep", or "discard" (back to the start)
+    repaint_passes: int = 0                      # after the schedule: repaint every colour
+                                                 # at the accepted estimate and run the last
+                                                 # level again, this many times (each judged
+                                                 # on held-out frames; docs/calibration.md
+                                                 # "Session 13")
     average_fraction: float = 0.5                # mean of the pose iterates of a level's
                                                  # last cycles replaces the last iterate
                                                  # if its held-out L1 is lower (0 = off)
@@ -149,6 +154,8 @@ class CalibrationConfig:
             raise RealsimError(f"filter_px2 must be in (0, 4] px^2, got {self.filter_px2}")
         if self.dilation not in ("add", "clamp"):
             raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
+        if self.repaint_passes < 0:
+            raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
         if self.plane_edges not in ("soft", "textured", "hard"):
             raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
                                f"{self.plane_edges!r}")
@@ -1156,8 +1163,18 @@ class CalibrationSession:
 
         self.start()
         fixed_start = self.params["fixed_deltas"]
-        for li in range(len(cfg.levels)):
-            warm = cfg.warmup_colour_steps if li == 0 else cfg.colour_steps * 3
+        last = len(cfg.levels) - 1
+        # the levels, then `repaint_passes` more runs of the last level from colours
+        # repainted at the accepted estimate (painted colours hold the misregistration of
+        # the poses they were painted at; a better estimate paints better ones)
+        plan = list(range(len(cfg.levels))) + [last] * cfg.repaint_passes
+        for i, li in enumerate(plan):
+            repaint = i >= len(cfg.levels)
+            if repaint:
+                self.params = dict(self.accepted)
+                self.init_colours_from_frames()
+                self._pose_state = self._pose_opt.init(self.params)
+            warm = cfg.warmup_colour_steps if li == 0 or repaint else cfg.colour_steps * 3
             if warm:
                 self.cycle(li, colour_steps=warm)
             n = cfg.cycles_per_level[li]

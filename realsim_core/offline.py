@@ -35,6 +35,7 @@ class OfflineOptions:
     seed: int = 0
     progress: bool = True
     plane_edges: str = "hard"         # CalibrationConfig.plane_edges
+    repaint_passes: int = 0           # CalibrationConfig.repaint_passes
     objects: bool = False             # reconstruct unknown objects after the calibration
     object_steps: int | None = None   # Adam steps per object (default ObjectConfig.steps)
 
@@ -116,7 +117,7 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     n = len(opts.levels)
     cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
                        flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
-                       plane_edges=opts.plane_edges)
+                       plane_edges=opts.plane_edges, repaint_passes=opts.repaint_passes)
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed,
                             near_bodies=C.mount_subtree_bodies(rig, model),
                             exclude_planes=cfg.textured_planes)

@@ -579,6 +579,47 @@ def test_flat_level_fixed_camera_moves_are_discarded_on_request(setup):
         cfg.replace(flat_colour_levels=3)
 
 
+def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_level(
+        setup, monkeypatch):
+    rig, s, qs = setup
+    truth = _fresh(s)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[0, :3] = [0.004, -0.003, 0.002]
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    _reset(s, truth, qs)
+    saved_cfg = s.cfg
+    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=1)
+    painted, judged = [], []     # poses the repaints start from; (iterate, accepted) per test
+    real_init, real_accept = s.init_colours_from_frames, s.try_accept
+
+    def init_colours(*a, **k):
+        painted.append(np.asarray(s.params["fixed_deltas"]).copy())
+        return real_init(*a, **k)
+
+    def try_accept():
+        iterate = np.asarray(s.params["fixed_deltas"]).copy()
+        ok = real_accept()
+        judged.append((len(cycles), iterate, np.asarray(s.accepted["fixed_deltas"]).copy()))
+        return ok
+
+    monkeypatch.setattr(s, "init_colours_from_frames", init_colours)
+    monkeypatch.setattr(s, "try_accept", try_accept)
+    cycles = []
+    try:
+        s.run(callback=lambda m: cycles.append(m.level))
+    finally:
+        s.cfg = saved_cfg
+    assert cycles == [0, 0, 0, 0]                    # the level, then its repainted pass
+    assert [j[0] for j in judged] == [2, 4]          # each pass judged on its own
+    # the repaint starts from what the first test left accepted (here the first pass is
+    # rejected, so that is the start, not the pass's last iterate)
+    (start_pose,) = painted                          # this config does not paint at start
+    np.testing.assert_array_equal(start_pose, judged[0][2])
+    assert s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
+    with pytest.raises(C.RealsimError, match="repaint_passes"):
+        C.CalibrationConfig(repaint_passes=-1)
+
+
 def test_stop_request_ends_a_cycle_without_stepping(setup):
     """A node shutting down sets stop_requested; the running cycle's later steps return."""
     _, s, _ = setup

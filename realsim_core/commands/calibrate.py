@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
                    help="outline of the table top: hard (no pose gradient; default), soft "
                         "(anti-aliased, its edge pulls the camera poses), textured (soft after "
                         "the flat levels); see docs/calibration.md")
+    p.add_argument("--repaint-passes", type=int, default=0, metavar="N",
+                   help="after the schedule, repaint the colours at the estimate and run the "
+                        "last level again, N times (default 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--objects", dest="objects", action="store_true",
                    help="also reconstruct unknown objects (meshes under OUT/meshes/)")
@@ -57,9 +60,12 @@ def run(args) -> int:
         raise RealsimError("--flat-levels must be >= 0")
     if args.steps <= 0 or (args.time_budget is not None and args.time_budget <= 0):
         raise RealsimError("--steps and --time-budget must be > 0")
+    if args.repaint_passes < 0:
+        raise RealsimError("--repaint-passes must be >= 0")
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
                           flat_levels=args.flat_levels, plane_edges=args.plane_edges,
+                          repaint_passes=args.repaint_passes,
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps)
     m = calibrate_bag(args.bag, args.out, opts)
