@@ -249,19 +249,18 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         t = ((origin[p] - c) @ normal[p]) / safe                 # depth along the optical axis
         x = c + t[..., None] * d
         a, b = (x - origin[p]) @ u[p], (x - origin[p]) @ v[p]
-        # image-space gradient of the in-plane coordinates (m per pixel): with x = c + t d
-        # and t = h / (d . n), dx/dpx = t (e - d (e . n) / (d . n)) for e = e_x, e_y
-        dx_dpx = t[..., None] * (e_x - d * ((e_x @ normal[p]) / safe)[..., None])
-        dx_dpy = t[..., None] * (e_y - d * ((e_y @ normal[p]) / safe)[..., None])
-        grad_a = jnp.sqrt((dx_dpx @ u[p]) ** 2 + (dx_dpy @ u[p]) ** 2 + 1e-30)
-        grad_b = jnp.sqrt((dx_dpx @ v[p]) ** 2 + (dx_dpy @ v[p]) ** 2 + 1e-30)
-        cov_a = jnp.clip(0.5 + (half[p, 0] - jnp.abs(a)) / grad_a, 0.0, 1.0)
-        cov_b = jnp.clip(0.5 + (half[p, 1] - jnp.abs(b)) / grad_b, 0.0, 1.0)
-        if clipped[p, 0]:
-            cov_a = (jnp.abs(a) <= half[p, 0]).astype(dtype)
-        if clipped[p, 1]:
-            cov_b = (jnp.abs(b) <= half[p, 1]).astype(dtype)
-        cov = cov_a * cov_b
+        cov_ab = []
+        for k, coord, axis in ((0, a, u[p]), (1, b, v[p])):
+            if clipped[p, k]:       # hard: inside or not, no gradient
+                cov_ab.append((jnp.abs(coord) <= half[p, k]).astype(dtype))
+                continue
+            # image-space gradient of the in-plane coordinate (m per pixel): with
+            # x = c + t d and t = h / (d . n), dx/dpx = t (e - d (e . n) / (d . n))
+            g = [(t[..., None] * (e - d * ((e @ normal[p]) / safe)[..., None])) @ axis
+                 for e in (e_x, e_y)]
+            grad = jnp.sqrt(g[0] ** 2 + g[1] ** 2 + 1e-30)
+            cov_ab.append(jnp.clip(0.5 + (half[p, k] - jnp.abs(coord)) / grad, 0.0, 1.0))
+        cov = cov_ab[0] * cov_ab[1]
         seen = front & (t > 0) & (cov > 0.0)
         cov = jnp.where(seen, cov, 0.0)
         s = 0.5 * (a / half[p, 0] + 1.0)
