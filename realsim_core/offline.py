@@ -7,6 +7,7 @@ the bag).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,6 +37,8 @@ class OfflineOptions:
     progress: bool = True
     plane_edges: str = "hard"         # CalibrationConfig.plane_edges
     repaint_passes: int = 0           # CalibrationConfig.repaint_passes
+    settings: tuple = ()              # (name, text) pairs: any CalibrationConfig field,
+                                      # applied last (`realsim calibrate --set`)
     objects: bool = False             # reconstruct unknown objects after the calibration
     object_steps: int | None = None   # Adam steps per object (default ObjectConfig.steps)
 
@@ -117,7 +120,8 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     n = len(opts.levels)
     cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
                        flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
-                       plane_edges=opts.plane_edges, repaint_passes=opts.repaint_passes)
+                       plane_edges=opts.plane_edges,
+                       repaint_passes=opts.repaint_passes).with_overrides(opts.settings)
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed,
                             near_bodies=C.mount_subtree_bodies(rig, model),
                             exclude_planes=cfg.textured_planes)
@@ -170,6 +174,7 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         "objects": [o.name for o in calib.objects],
         "history": m.history,
         "levels": list(session.cfg.levels), "flat_levels": session.cfg.flat_colour_levels,
+        "config": dataclasses.asdict(session.cfg),
     }
     gt_path = rec_dir / "ground_truth.yaml"
     if gt_path.exists():

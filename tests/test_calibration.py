@@ -757,3 +757,21 @@ def test_pose_gradient_clip_ignores_the_colour_gradient(setup):
         np.testing.assert_allclose(np.asarray(big_up[k]), np.asarray(at_norm[k]), rtol=1e-5)
         assert not np.allclose(np.asarray(big_up[k]), np.asarray(quiet_up[k]), rtol=1e-3)
 
+
+
+def test_config_overrides_read_each_field_as_its_type():
+    cfg = C.CalibrationConfig().with_overrides([
+        ("wrist_weight", "0.3"), ("cycles_per_level", "30, 10"), ("levels", "2,1"),
+        ("prior_weight_last", "none"), ("cull_backfaces", "off"), ("plane_edges", "soft"),
+        ("pose_steps", "6")])
+    assert cfg.wrist_weight == 0.3 and cfg.cycles_per_level == (30, 10)
+    assert cfg.levels == (2, 1) and cfg.prior_weight_last is None
+    assert cfg.cull_backfaces is False and cfg.plane_edges == "soft" and cfg.pose_steps == 6
+    assert C.CalibrationConfig().with_overrides([]) == C.CalibrationConfig()
+    for bad, msg in [(("pose_steps", "2.5"), "cannot read '2.5' as int"),
+                     (("wrist_weight", "none"), "cannot read 'none' as float"),
+                     (("cull_backfaces", "maybe"), "cannot read 'maybe' as bool"),
+                     (("colour_step", "4"), "did you mean colour_steps?"),
+                     (("repaint_passes", "-1"), "repaint_passes must be >= 0")]:
+        with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
+            C.CalibrationConfig().with_overrides([bad])

@@ -34,6 +34,11 @@ def add_parser(sub) -> None:
     p.add_argument("--repaint-passes", type=int, default=0, metavar="N",
                    help="after the schedule, repaint the colours at the estimate and run the "
                         "last level again, N times (default 0)")
+    p.add_argument("--set", dest="settings", action="append", default=[],
+                   metavar="NAME=VALUE",
+                   help="set any calibration setting (a CalibrationConfig field, e.g. "
+                        "wrist_weight=0.3 or cycles_per_level=30,10), applied after the "
+                        "options above; repeatable; metrics.json lists the settings used")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--objects", dest="objects", action="store_true",
                    help="also reconstruct unknown objects (meshes under OUT/meshes/)")
@@ -62,10 +67,20 @@ def run(args) -> int:
         raise RealsimError("--steps and --time-budget must be > 0")
     if args.repaint_passes < 0:
         raise RealsimError("--repaint-passes must be >= 0")
+    settings = []
+    for item in args.settings:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise RealsimError(f"--set wants NAME=VALUE, got {item!r}")
+        settings.append((key.strip(), value))
+    from realsim_core.calibration import CalibrationConfig
+
+    CalibrationConfig().with_overrides(settings)     # a bad setting fails before loading
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
                           flat_levels=args.flat_levels, plane_edges=args.plane_edges,
                           repaint_passes=args.repaint_passes,
+                          settings=tuple(settings),
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps)
     m = calibrate_bag(args.bag, args.out, opts)
