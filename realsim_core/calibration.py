@@ -155,6 +155,10 @@ class CalibrationConfig:
             raise RealsimError(f"filter_px2 must be in (0, 4] px^2, got {self.filter_px2}")
         if self.dilation not in ("add", "clamp"):
             raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
+        for name in ("fixed_weight", "wrist_weight", "colour_wrist_weight"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise RealsimError(f"{name} must be a finite number >= 0, got {v}")
         if self.repaint_passes < 0:
             raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
         if self.plane_edges not in ("soft", "textured", "hard"):

@@ -37,6 +37,9 @@ class OfflineOptions:
     progress: bool = True
     plane_edges: str = "hard"         # CalibrationConfig.plane_edges
     repaint_passes: int = 0           # CalibrationConfig.repaint_passes
+    wrist_weight: float = 0.1         # CalibrationConfig.wrist_weight: wrist images in pose
+                                      # steps (the paper's 0.1; 1.0 measured in
+                                      # docs/calibration.md "Session 14")
     settings: tuple = ()              # (name, text) pairs: any CalibrationConfig field,
                                       # applied last (`realsim calibrate --set`)
     objects: bool = False             # reconstruct unknown objects after the calibration
@@ -121,7 +124,8 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
                        flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
                        plane_edges=opts.plane_edges,
-                       repaint_passes=opts.repaint_passes).with_overrides(opts.settings)
+                       repaint_passes=opts.repaint_passes,
+                       wrist_weight=opts.wrist_weight).with_overrides(opts.settings)
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed,
                             near_bodies=C.mount_subtree_bodies(rig, model),
                             exclude_planes=cfg.textured_planes)

@@ -25,7 +25,8 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.1",
                    "--gaussians", "1500", "--max-frames", "5", "--no-progress",
-                   "--set", "wrist_weight=0.25", "--set", "cull_backfaces=false")
+                   "--wrist-weight", "0.5", "--set", "pose_steps=3",
+                   "--set", "cull_backfaces=false")
     assert res.returncode == 0, res.stderr
     assert "TCP error" in res.stdout                      # evaluate table printed
     cal = read_calibration(out / "calibration.yaml")     # parses with the contract reader
@@ -43,7 +44,8 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert m["evaluation"]["tcp_mm"] is not None
     assert m["levels"] == [1] and m["flat_levels"] == 0   # the last level is never flat
     # every setting used is recorded, --set ones included
-    assert m["config"]["wrist_weight"] == 0.25 and m["config"]["cull_backfaces"] is False
+    assert m["config"]["wrist_weight"] == 0.5 and m["config"]["cull_backfaces"] is False
+    assert m["config"]["pose_steps"] == 3
     assert m["config"]["levels"] == [1] and m["config"]["fixed_weight"] == 1.0
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
@@ -62,6 +64,10 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         "realsim calibrate: error: --flat-levels must be >= 0"]
+    res = _realsim("calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--wrist-weight",
+                   "-1")
+    assert res.stderr.strip().splitlines() == [
+        "realsim calibrate: error: --wrist-weight must be a number >= 0"]
     for bad, line in [
             ("wrist_wieght=1", "unknown calibration setting 'wrist_wieght' (did you mean "
                                "wrist_weight?)"),

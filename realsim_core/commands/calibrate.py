@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
     p.add_argument("--repaint-passes", type=int, default=0, metavar="N",
                    help="after the schedule, repaint the colours at the estimate and run the "
                         "last level again, N times (default 0)")
+    p.add_argument("--wrist-weight", type=float, default=0.1, metavar="W",
+                   help="weight of the wrist cameras' images in pose steps, fixed cameras "
+                        "1.0 (default 0.1, the paper's; 1.0 is measured in "
+                        "docs/calibration.md)")
     p.add_argument("--set", dest="settings", action="append", default=[],
                    metavar="NAME=VALUE",
                    help="set any calibration setting (a CalibrationConfig field, e.g. "
@@ -67,6 +71,8 @@ def run(args) -> int:
         raise RealsimError("--steps and --time-budget must be > 0")
     if args.repaint_passes < 0:
         raise RealsimError("--repaint-passes must be >= 0")
+    if not (math.isfinite(args.wrist_weight) and args.wrist_weight >= 0):
+        raise RealsimError("--wrist-weight must be a number >= 0")
     settings = []
     for item in args.settings:
         key, eq, value = item.partition("=")
@@ -80,7 +86,7 @@ def run(args) -> int:
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
                           flat_levels=args.flat_levels, plane_edges=args.plane_edges,
                           repaint_passes=args.repaint_passes,
-                          settings=tuple(settings),
+                          wrist_weight=args.wrist_weight, settings=tuple(settings),
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps)
     m = calibrate_bag(args.bag, args.out, opts)
