@@ -34,9 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--repaint-passes", type=int, default=0, metavar="N",
                    help="after the schedule, repaint the colours at the estimate and run the "
                         "last level again, N times (default 0)")
-    p.add_argument("--wrist-weight", type=float, default=0.1, metavar="W",
+    p.add_argument("--wrist-weight", type=float, default=0.3, metavar="W",
                    help="weight of the wrist cameras' images in pose steps, fixed cameras "
-                        "1.0 (default 0.1, the paper's; 1.0 is measured in "
+                        "1.0 (default 0.3; the paper's 0.1 measured worse offline, see "
                         "docs/calibration.md)")
     p.add_argument("--set", dest="settings", action="append", default=[],
                    metavar="NAME=VALUE",
