@@ -155,6 +155,9 @@ class CalibrationConfig:
             raise RealsimError(f"filter_px2 must be in (0, 4] px^2, got {self.filter_px2}")
         if self.dilation not in ("add", "clamp"):
             raise RealsimError(f"dilation must be 'add' or 'clamp', got {self.dilation!r}")
+        if len(self.cycles_per_level) < len(self.levels):
+            raise RealsimError(f"cycles_per_level needs one entry per level: levels "
+                               f"{self.levels}, cycles_per_level {self.cycles_per_level}")
         for name in ("fixed_weight", "wrist_weight", "colour_wrist_weight"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
