@@ -211,6 +211,9 @@ class CalibrationConfig:
         return self.prior_weight
 
 
+_OPTIONAL_SETTINGS = ("prior_weight_last",)     # CalibrationConfig fields that may be None
+
+
 def _parse_setting(key: str, text: str, current):
     """`text` as a value of `current`'s type (CalibrationConfig.with_overrides)."""
     t = text.strip()
@@ -235,9 +238,6 @@ def _parse_setting(key: str, text: str, current):
         want = "none or a number" if key in _OPTIONAL_SETTINGS else type(current).__name__
         raise RealsimError(f"calibration setting {key}: cannot read {text!r} as {want}") \
             from None
-
-
-_OPTIONAL_SETTINGS = ("prior_weight_last",)     # CalibrationConfig fields that may be None
 
 
 class RigGaussians(NamedTuple):

@@ -758,7 +758,6 @@ def test_pose_gradient_clip_ignores_the_colour_gradient(setup):
         assert not np.allclose(np.asarray(big_up[k]), np.asarray(quiet_up[k]), rtol=1e-3)
 
 
-
 def test_config_overrides_read_each_field_as_its_type():
     cfg = C.CalibrationConfig().with_overrides([
         ("wrist_weight", "0.3"), ("cycles_per_level", "30, 10"), ("levels", "2,1"),
