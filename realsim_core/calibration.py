@@ -25,7 +25,6 @@ than its start. A non-finite loss or gradient rolls the step back.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import time
 import warnings
@@ -183,17 +182,11 @@ class CalibrationConfig:
         The text is read as the field's current value's type: numbers, `true`/`false`,
         comma-separated tuples (`4,2,1`), `none` for fields that may be None. Unknown
         fields and unreadable values raise RealsimError naming them; the result is
-        validated as any config is.
+        validated as any config is (`realsim_core.settings`).
         """
-        names = {f.name for f in dataclasses.fields(self)}
-        kw = {}
-        for key, text in pairs:
-            if key not in names:
-                close = difflib.get_close_matches(key, sorted(names), n=1)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                raise RealsimError(f"unknown calibration setting {key!r}{hint}")
-            kw[key] = _parse_setting(key, text, getattr(self, key))
-        return self.replace(**kw)
+        from realsim_core.settings import with_overrides
+
+        return with_overrides(self, pairs, _OPTIONAL_SETTINGS, "calibration setting")
 
     def level_prior_weight(self, level: int) -> float:
         """Weight of the prior at pyramid level index `level` (0 = coarsest).
@@ -212,32 +205,6 @@ class CalibrationConfig:
 
 
 _OPTIONAL_SETTINGS = ("prior_weight_last",)     # CalibrationConfig fields that may be None
-
-
-def _parse_setting(key: str, text: str, current):
-    """`text` as a value of `current`'s type (CalibrationConfig.with_overrides)."""
-    t = text.strip()
-    try:
-        if t.lower() == "none":
-            if current is None or key in _OPTIONAL_SETTINGS:
-                return None
-            raise ValueError
-        if isinstance(current, bool):
-            if t.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError
-            return t.lower() in ("true", "1", "yes", "on")
-        if isinstance(current, tuple):
-            kind = type(current[0]) if current else float
-            return tuple(kind(x) for x in t.split(",") if x.strip())
-        if isinstance(current, int):
-            return int(t)
-        if isinstance(current, float) or current is None:
-            return float(t)
-        return t
-    except ValueError:
-        want = "none or a number" if key in _OPTIONAL_SETTINGS else type(current).__name__
-        raise RealsimError(f"calibration setting {key}: cannot read {text!r} as {want}") \
-            from None
 
 
 class RigGaussians(NamedTuple):

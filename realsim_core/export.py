@@ -85,6 +85,30 @@ def texture_atlas(faces: np.ndarray, face_colors: np.ndarray, cell: int = TEXTUR
     return np.stack([u, v], -1).reshape(-1, 2), img
 
 
+def convex_hull_mesh(vertices: np.ndarray):
+    """Closed trimesh of the convex hull of `vertices`, faces wound outwards.
+
+    scipy's Qhull directly, with each facet oriented by its outward plane normal: trimesh's
+    own `convex_hull` repairs an inconsistent winding through networkx, which realsim does
+    not install (a degenerate object once ended a `realsim calibrate --objects` run
+    there). A flat or degenerate point set raises RealsimError.
+    """
+    import trimesh
+    from scipy.spatial import ConvexHull, QhullError
+
+    v = np.asarray(vertices, np.float64)
+    try:
+        hull = ConvexHull(v)
+    except (QhullError, ValueError) as exc:
+        raise RealsimError(f"mesh has no volume (convex hull: {str(exc).splitlines()[0]})") \
+            from None
+    f = hull.simplices.copy()
+    n = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
+    inward = np.einsum("ij,ij->i", n, hull.equations[:, :3]) < 0
+    f[inward] = f[inward][:, ::-1]
+    return trimesh.Trimesh(v, f, process=False)
+
+
 def mass_properties(vertices: np.ndarray, faces: np.ndarray, density: float):
     """(mass kg, volume m^3, com [3], inertia [3, 3] about the COM) of a closed mesh."""
     import trimesh
@@ -92,7 +116,7 @@ def mass_properties(vertices: np.ndarray, faces: np.ndarray, density: float):
     m = trimesh.Trimesh(vertices, faces, process=False)
     if not m.is_watertight or m.volume <= 0:
         # not closed: fall back to the convex hull (always closed) for mass properties
-        m = m.convex_hull
+        m = convex_hull_mesh(vertices)
     m.density = density
     return float(m.mass), float(m.volume), np.asarray(m.center_mass), np.asarray(
         m.moment_inertia)
@@ -135,7 +159,13 @@ def export_object(out_dir: str | os.PathLike, name: str, vertices_world: np.ndar
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     faces = np.asarray(faces, np.int64)
+    if not np.all(np.isfinite(vertices_world)):
+        raise RealsimError(f"{name}: mesh has non-finite vertices")
     v_obj, pose = object_frame(np.asarray(vertices_world, np.float64), faces)
+    try:                                            # fails before anything is written
+        mass, vol, com, inertia = mass_properties(v_obj, faces, density)
+    except RealsimError as exc:
+        raise RealsimError(f"{name}: {exc}") from None
     mesh = trimesh.Trimesh(v_obj, faces, process=False)
     obj, stl = out / f"{name}.obj", out / f"{name}.stl"
     mesh.export(str(obj))
@@ -151,7 +181,6 @@ def export_object(out_dir: str | os.PathLike, name: str, vertices_world: np.ndar
     textured = out / f"{name}_textured.obj"
     trimesh.exchange.export.export_mesh(tex_mesh, str(textured), file_type="obj",
                                         mtl_name=f"{name}_textured.mtl")
-    mass, vol, com, inertia = mass_properties(v_obj, faces, density)
     rgba = (*np.clip(np.mean(face_colors, 0), 0, 1), 1.0)
     mjcf = out / f"{name}.xml"
     mjcf.write_text(mjcf_snippet(name, stl.name, pose, mass, com, inertia, rgba))

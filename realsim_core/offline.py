@@ -45,6 +45,8 @@ class OfflineOptions:
                                       # applied last (`realsim calibrate --set`)
     objects: bool = False             # reconstruct unknown objects after the calibration
     object_steps: int | None = None   # Adam steps per object (default ObjectConfig.steps)
+    object_settings: tuple = ()       # (name, text) pairs: any ObjectConfig field, applied
+                                      # last (`realsim calibrate --set object.NAME=VALUE`)
 
 
 def resolve_bag(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -163,10 +165,10 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         bar.close()
     session.std = session.uncertainty()
     calib = session.estimate()
-    t_obj = None
+    t_obj = obj_cfg = None
     if opts.objects:
         t1 = time.monotonic()
-        calib = _reconstruct_objects(session, bag, out, opts, calib)
+        calib, obj_cfg = _reconstruct_objects(session, bag, out, opts, calib)
         t_obj = time.monotonic() - t1
     write_calibration(out / "calibration.yaml", calib)
     metrics = {
@@ -181,6 +183,8 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         "levels": list(session.cfg.levels), "flat_levels": session.cfg.flat_colour_levels,
         "config": dataclasses.asdict(session.cfg),
     }
+    if obj_cfg is not None:
+        metrics["object_config"] = dataclasses.asdict(obj_cfg)
     gt_path = rec_dir / "ground_truth.yaml"
     if gt_path.exists():
         from realsim_core.calibration_io import read_ground_truth
@@ -221,7 +225,10 @@ def _label_masks(bag, session, n_views_per_frame) -> list | None:
 
 
 def _reconstruct_objects(session, bag, out: Path, opts: OfflineOptions, calib):
-    """Objects after the calibration: meshes under out/meshes, added to the calibration."""
+    """Objects after the calibration: meshes under out/meshes, added to the calibration.
+
+    Returns (calibration with the objects, the ObjectConfig used).
+    """
     import dataclasses
 
     from realsim_core.objects import ObjectConfig, reconstruct_session_objects
@@ -229,6 +236,7 @@ def _reconstruct_objects(session, bag, out: Path, opts: OfflineOptions, calib):
     cfg = ObjectConfig(seed=opts.seed)
     if opts.object_steps is not None:
         cfg = cfg.replace(steps=opts.object_steps)
+    cfg = cfg.with_overrides(opts.object_settings)
     labels = _label_masks(bag, session, len(session.cameras))
 
     def log(msg):
@@ -242,7 +250,7 @@ def _reconstruct_objects(session, bag, out: Path, opts: OfflineOptions, calib):
         rig_model = session.rig.mjcf_path
         write_scene_mjcf(out / "meshes" / "scene.xml", rig_model,
                          [out / "meshes" / f"{o.name}.xml" for o in objs])
-    return dataclasses.replace(calib, objects=tuple(objs))
+    return dataclasses.replace(calib, objects=tuple(objs)), cfg
 
 
 def _plain(x):

@@ -75,7 +75,11 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
             ("wrist_weight=heavy", "calibration setting wrist_weight: cannot read 'heavy' "
                                    "as float"),
             ("plane_edges=round", "plane_edges must be 'soft', 'textured' or 'hard', got "
-                                  "'round'")]:
+                                  "'round'"),
+            ("object.stepz=3", "unknown object setting 'stepz' (did you mean steps?)"),
+            ("object.steps=many", "object setting steps: cannot read 'many' as int"),
+            ("object.", "--set wants NAME=VALUE, got 'object.'"),
+            ("object.steps=3", "--set object.* applies to --objects, which is not given")]:
         res = _realsim("calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--set", bad)
         assert res.returncode == 1
         assert res.stderr.strip().splitlines() == [f"realsim calibrate: error: {line}"]

@@ -384,6 +384,58 @@ def test_pixels_an_occluder_may_hide_are_left_out_of_the_losses():
     assert np.all(np.isinf(ov.occluder_depth[~other]))
 
 
+def test_object_config_overrides_read_each_field_as_its_type():
+    cfg = O.ObjectConfig().with_overrides([("steps", "50"), ("shared_cameras", "false"),
+                                           ("support_z", "0.02"), ("w_mask", "2")])
+    assert cfg.steps == 50 and cfg.shared_cameras is False
+    assert cfg.support_z == 0.02 and cfg.w_mask == 2.0
+    assert O.ObjectConfig(support_z=0.1).with_overrides([("support_z", "none")]).support_z is None
+    for bad, msg in [(("crop", "64"), "did you mean crop_px?"),
+                     (("steps", "1e3"), "object setting steps: cannot read '1e3' as int"),
+                     (("occlusion", "maybe"), "cannot read 'maybe' as bool")]:
+        with pytest.raises(RealsimError, match=msg.replace("?", r"\?")):
+            O.ObjectConfig().with_overrides([bad])
+
+
+def test_shared_camera_deltas_is_the_median_of_the_objects_that_saw_each_camera():
+    d = [np.full((3, 6), 1.0), np.full((3, 6), 2.0), np.full((3, 6), 10.0)]
+    d[2][1] = 50.0
+    xi = O.shared_camera_deltas(d, [{0, 1}, {0, 1}, {0, 1}], 3)
+    np.testing.assert_array_equal(xi[0], np.full(6, 2.0))   # median of 1, 2, 10
+    np.testing.assert_array_equal(xi[2], np.zeros(6))       # no object saw camera 2
+    # camera 1: the third object did not see it, its (start) value does not vote
+    xi = O.shared_camera_deltas(d, [{0, 1}, {0, 1}, {0}], 3)
+    np.testing.assert_array_equal(xi[1], np.full(6, 1.5))
+
+
+def test_given_camera_deltas_correct_a_misplaced_camera():
+    """A near camera 13 mm / 1.1 deg off: its given correction puts the fit back.
+
+    With cameras fixed, the fitted centre is then where the correctly placed views put it;
+    without the correction it is not.
+    """
+    from realsim_core.se3 import se3_exp
+
+    views = _rig_like_sphere_views()
+    xi = np.zeros((4, 6))
+    xi[0] = [0.012, -0.006, 0.0, 0.0, 0.02, 0.0]    # the near view's camera
+    wrong = [v._replace(T_world_cam=v.T_world_cam @ np.linalg.inv(np.asarray(
+        se3_exp(jnp.asarray(xi[k])), np.float64))) for k, v in enumerate(views)]
+    cfg = O.ObjectConfig(steps=60, crop_px=48, refine_cameras=False)
+    centre = np.array([0.05, -0.02, 0.03])
+    err = {}
+    for name, vs, given in (("true", views, None), ("wrong", wrong, None),
+                            ("corrected", wrong, xi)):
+        r = O.reconstruct_object(vs, cfg, camera_deltas=given)
+        np.testing.assert_allclose(r.camera_deltas, 0.0 if given is None else xi, atol=1e-7)
+        c = 0.5 * (r.vertices.min(0) + r.vertices.max(0))
+        err[name] = 1000.0 * np.linalg.norm(c - centre)
+    # (the start, triangulated from the views as given, differs: hence the 1 mm)
+    assert err["corrected"] < err["true"] + 1.0 and err["wrong"] > err["corrected"] + 2.0, err
+    with pytest.raises(RealsimError, match="camera_deltas has shape"):
+        O.reconstruct_object(views, cfg, camera_deltas=np.zeros((3, 6)))
+
+
 def test_support_plane_cuts_the_mesh_at_the_table():
     """Vertices below `support_z` render and export on it; without it the fit sinks."""
     views = _rig_like_sphere_views()            # sphere centre z 30 mm, bottom 5 mm
@@ -485,6 +537,41 @@ def test_export_roundtrip_and_mjcf_loads_next_to_aloha2(tmp_path):
     assert np.allclose(d.xpos[bid], e.pose[:3, 3], atol=1e-6)
     with pytest.raises(RealsimError):
         export_object(tmp_path, "bad", v, f, density=0.0)
+
+
+def test_open_mesh_mass_properties_use_its_hull_without_trimesh_repairs(tmp_path, monkeypatch):
+    """An open box (one face missing) weighs what the closed box does; a flat one fails.
+
+    trimesh's own convex hull repairs windings through networkx (not installed): a
+    degenerate object once ended a whole `realsim calibrate --objects` run there.
+    """
+    from realsim_core.export import mass_properties
+
+    def no_trimesh_hull(*a, **k):
+        raise AssertionError("trimesh's convex_hull called")
+
+    monkeypatch.setattr(trimesh.convex, "convex_hull", no_trimesh_hull)
+    box = trimesh.creation.box((0.04, 0.02, 0.06))
+    v, f = np.asarray(box.vertices), np.asarray(box.faces)
+    open_f = f[2:]                                           # two triangles = one side gone
+    assert not trimesh.Trimesh(v, open_f, process=False).is_watertight
+    mass, vol, com, inertia = mass_properties(v, open_f, 1000.0)
+    assert vol == pytest.approx(0.04 * 0.02 * 0.06, rel=1e-9)
+    assert mass == pytest.approx(1000.0 * vol, rel=1e-9)
+    np.testing.assert_allclose(com, 0.0, atol=1e-12)
+    m = 1000.0 * vol                                         # solid cuboid, about its centre
+    np.testing.assert_allclose(np.diag(inertia), [m / 12 * (0.02**2 + 0.06**2),
+                                                  m / 12 * (0.04**2 + 0.06**2),
+                                                  m / 12 * (0.04**2 + 0.02**2)], rtol=1e-9)
+    flat = v.copy()
+    flat[:, 2] = 0.0                                         # all in one plane: no volume
+    with pytest.raises(RealsimError, match="object_7: mesh has no volume"):
+        export_object(tmp_path, "object_7", flat, open_f)
+    assert not list(tmp_path.iterdir())                      # nothing half-written
+    bad = v.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(RealsimError, match="object_7: mesh has non-finite vertices"):
+        export_object(tmp_path, "object_7", bad, f)
 
 
 def test_calibration_yaml_objects_roundtrip(tmp_path):

@@ -76,7 +76,7 @@ def test_calibrate_objects_end_to_end(tmp_path):
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.05",
                    "--gaussians", "1500", "--max-frames", "3", "--no-progress", "--objects",
-                   "--object-steps", "30")
+                   "--object-steps", "30", "--set", "object.crop_px=32")
     assert res.returncode == 0, res.stderr
     cal = read_calibration(out / "calibration.yaml")
     assert len(cal.objects) == 1, res.stderr
@@ -87,6 +87,8 @@ def test_calibrate_objects_end_to_end(tmp_path):
     model = mujoco.MjModel.from_xml_path(str(out / "meshes" / "scene.xml"))
     assert mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, f"realsim/{o.name}") >= 0
     m = json.loads((out / "metrics.json").read_text())
+    # the object settings used are recorded, --set ones included
+    assert m["object_config"]["crop_px"] == 32 and m["object_config"]["steps"] == 30
     cd = m["evaluation"]["chamfer_mm2"]["object_0"]
     assert cd is not None and np.isfinite(cd)
     assert "Chamfer" in res.stdout

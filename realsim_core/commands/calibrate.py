@@ -41,8 +41,10 @@ def add_parser(sub) -> None:
     p.add_argument("--set", dest="settings", action="append", default=[],
                    metavar="NAME=VALUE",
                    help="set any calibration setting (a CalibrationConfig field, e.g. "
-                        "wrist_weight=0.3 or cycles_per_level=30,10), applied after the "
-                        "options above; repeatable; metrics.json lists the settings used")
+                        "wrist_weight=0.3 or cycles_per_level=30,10), or with the prefix "
+                        "object. any object setting (an ObjectConfig field, e.g. "
+                        "object.shared_cameras=false), applied after the options above; "
+                        "repeatable; metrics.json lists the settings used")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--objects", dest="objects", action="store_true",
                    help="also reconstruct unknown objects (meshes under OUT/meshes/)")
@@ -73,22 +75,31 @@ def run(args) -> int:
         raise RealsimError("--repaint-passes must be >= 0")
     if not (math.isfinite(args.wrist_weight) and args.wrist_weight >= 0):
         raise RealsimError("--wrist-weight must be a number >= 0")
-    settings = []
+    settings, object_settings = [], []
     for item in args.settings:
         key, eq, value = item.partition("=")
-        if not eq or not key.strip():
+        key = key.strip()
+        if not eq or not key or key == "object.":
             raise RealsimError(f"--set wants NAME=VALUE, got {item!r}")
-        settings.append((key.strip(), value))
+        if key.startswith("object."):
+            object_settings.append((key[len("object."):], value))
+        else:
+            settings.append((key, value))
     from realsim_core.calibration import CalibrationConfig
+    from realsim_core.objects import ObjectConfig
 
     CalibrationConfig().with_overrides(settings)     # a bad setting fails before loading
+    ObjectConfig().with_overrides(object_settings)
+    if object_settings and not args.objects:
+        raise RealsimError("--set object.* applies to --objects, which is not given")
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
                           flat_levels=args.flat_levels, plane_edges=args.plane_edges,
                           repaint_passes=args.repaint_passes,
                           wrist_weight=args.wrist_weight, settings=tuple(settings),
                           seed=args.seed, progress=not args.no_progress,
-                          objects=args.objects, object_steps=args.object_steps)
+                          objects=args.objects, object_steps=args.object_steps,
+                          object_settings=tuple(object_settings))
     m = calibrate_bag(args.bag, args.out, opts)
     print(f"calibrated {m['frames']} frames in {m['wall_s']:.1f} s ({m['steps']} steps); "
           f"held-out L1 {m['holdout_l1_start']:.4f} -> {m['holdout_l1']:.4f}")
