@@ -1172,15 +1172,20 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
                             f"{np.degrees(np.linalg.norm(x[3:])):.2f} deg"
                             for c, x in zip(session.cameras, xi)))
         fixed = cfg.replace(refine_cameras=False)
-        fitted = [(name, vs, reconstruct_object(vs, fixed, name, n_cam, camera_deltas=xi))
-                  for name, vs, _ in fitted]
+        refits = []
+        for name, vs, _ in fitted:
+            r = reconstruct_object(vs, fixed, name, n_cam, camera_deltas=xi)
+            refits.append((name, vs, r))
+            if log:
+                log(f"{name}: fitted again with the shared cameras, {r.seconds:.0f} s")
+        fitted = refits
     calibs, results = [], []
     for name, _, r in fitted:
         try:
             e = export_object(out_dir, name, r.vertices, r.faces, r.face_colors, density)
         except RealsimError as exc:   # one bad mesh must not cost the others (or the run)
             if log:
-                log(f"{name}: not exported ({exc})")
+                log(f"not exported: {exc}")
             continue
         calibs.append(ObjectCalibration(name, e.obj, e.pose))
         results.append(r)

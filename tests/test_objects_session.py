@@ -68,10 +68,13 @@ def _realsim(*args, timeout=900):
 
 
 def test_calibrate_objects_end_to_end(tmp_path):
-    """`realsim calibrate --objects` with the bag's /cam_*/object_mask instance labels."""
+    """`realsim calibrate --objects` with the bag's /cam_*/object_mask instance labels.
+
+    Two objects: the cameras are shared between them (`shared_cameras`, a second fit).
+    """
     rec = tmp_path / "rec"
     res = _realsim("synth", str(rec), "--frames", "3", "--resolution", "106x60", "--objects",
-                   "1", "--seed", "1", "--object-masks")
+                   "2", "--seed", "1", "--object-masks")
     assert res.returncode == 0, res.stderr
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.05",
@@ -79,7 +82,9 @@ def test_calibrate_objects_end_to_end(tmp_path):
                    "--object-steps", "30", "--set", "object.crop_px=32")
     assert res.returncode == 0, res.stderr
     cal = read_calibration(out / "calibration.yaml")
-    assert len(cal.objects) == 1, res.stderr
+    assert len(cal.objects) == 2, res.stderr
+    assert "cameras fixed at the objects' median deltas" in res.stderr
+    assert res.stderr.count("fitted again with the shared cameras") == 2, res.stderr
     o = cal.objects[0]
     assert o.mesh.is_file() and o.mesh.parent.name == "meshes"
     for suffix in (".stl", ".xml", "_textured.obj"):
