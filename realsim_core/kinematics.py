@@ -21,6 +21,9 @@ test oracle and what `evaluate`/`synth` use (no JIT compile needed there).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -98,9 +101,27 @@ class RigPoses(NamedTuple):
     tcp: jax.Array  # [A, 3] tool centre points in world (m), rig arm order
 
 
+def _mjx():
+    """`mujoco.mjx`, imported without its notes on stdout.
+
+    mujoco-mjx prints "Failed to import warp: ..." to *stdout* when the optional Warp
+    backend is missing (realsim does not use it). That broke the JSON of `realsim bench
+    --json` for pipelines; the two known notes are dropped, anything else goes to stderr.
+    """
+    if "mujoco.mjx" in sys.modules:
+        return sys.modules["mujoco.mjx"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        from mujoco import mjx
+    for line in buf.getvalue().splitlines():
+        if not line.startswith(("Failed to import warp:", "Failed to import mujoco_warp:")):
+            print(line, file=sys.stderr)
+    return mjx
+
+
 def build_kinematic_model(rig: Rig, model: mujoco.MjModel) -> KinematicModel:
     """Compile the static model for `rig` on the MuJoCo model `model` (from `load_mjmodel`)."""
-    from mujoco import mjx
+    mjx = _mjx()
 
     lay = joint_layout(rig, model)
     fixed = rig.fixed_cameras
@@ -142,7 +163,7 @@ def forward(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_de
       mounted_deltas: [Cw, 6] se(3) deltas right-applied to mounted cameras' nominal.
 
     """
-    from mujoco import mjx
+    mjx = _mjx()
 
     q = jnp.asarray(q_measured) + joint_offsets + corrections
     qpos = km.qpos_base + km.joint_map @ q

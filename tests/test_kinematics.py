@@ -122,3 +122,18 @@ def test_foreign_mjcf_gym_aloha(gym_aloha_rig):
     x = _random_inputs(km, rng, 2)
     x["q"][:, 6::7] = rng.uniform(0.022, 0.05, (2, 2))
     _check_against_c(rig, model, km, x)
+
+
+def test_mjx_import_leaves_stdout_clean():
+    """mujoco-mjx prints its missing-Warp notes to stdout; `--json` output must stay JSON."""
+    import subprocess
+    import sys
+
+    code = ("from realsim_core.kinematics import _mjx\n"
+            "m = _mjx()\n"
+            "assert hasattr(m, 'put_model') and _mjx() is m\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    assert "Failed to import warp" not in res.stderr
