@@ -93,7 +93,8 @@ class ObjectConfig:
     #                                   at the median of the objects' deltas, fit again
     #                                   (rig views: median CD 14.6 -> 11.9 mm^2 at the true
     #                                   calibration, 16.8 -> 13.8 with cameras 2-3 mm off;
-    #                                   docs/objects.md "Session 15"); twice the fit time
+    #                                   no gain at 212x120, docs/objects.md "Session 15");
+    #                                   twice the fit time
     occlusion: bool = True            # session objects: pixels where the robot or another
     #                                   object may hide this one are left out of the losses
     zoom_views: bool = True           # per-view focal length: the object fills every crop
