@@ -93,9 +93,11 @@ class _TopicCounter:
         """Track header stamps; estimate missed messages from gaps (ns).
 
         Each interval over 1.5 periods (`stream_period`, from the last 32 intervals)
-        counts round(interval / period) - 1 missing messages, at most 100 (a pause is not
-        a million drops). The first intervals wait for the first estimate and are counted
-        then, so the start of an overloaded stream is not left out.
+        counts round(interval / period) - 1 missing messages, at most 10 s of them (a
+        pause is not a million drops; a cap of 100 messages undercounted 4-5 s blackouts
+        of a 30 Hz camera under overload). The first intervals wait for the first
+        estimate and are counted then, so the start of an overloaded stream is not left
+        out.
         """
         dt = ns - self._prev_ns if self._prev_ns >= 0 else 0
         self._prev_ns = ns
@@ -111,8 +113,11 @@ class _TopicCounter:
         period = stream_period(periods)
         for d in self._pending:
             if d > 1.5 * period:
-                self.gaps += min(round(d / period) - 1, 100)
+                self.gaps += min(round(d / period) - 1, max(100, round(MAX_GAP_NS / period)))
         self._pending.clear()
+
+
+MAX_GAP_NS = 10_000_000_000  # _TopicCounter.stamp: one stamp gap counts at most 10 s of drops
 
 
 def stream_period(intervals) -> float:
