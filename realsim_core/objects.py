@@ -172,6 +172,7 @@ class ObjectResult:
     history: list                 # (step, loss) pairs
     seconds: float
     n_views: int
+    cameras: tuple = ()           # camera indices of the views the fit used
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -774,7 +775,8 @@ def _result(static, params, cfg, name, init_world, history, seconds, n_views) ->
     face_col = np.where(ws > 0, acc / np.maximum(ws, 1e-12), col.mean(0))
     gauss = {k: np.asarray(getattr(g, k)) for k in ("means", "covars", "opacities", "sh")}
     return ObjectResult(name, verts, faces, face_col, gauss, np.asarray(params["cam_xi"]),
-                        init_world, history, seconds, n_views)
+                        init_world, history, seconds, n_views,
+                        tuple(sorted({int(c) for c in np.asarray(static.cam_index)})))
 
 
 # ----------------------------------------------------------------------------- masks
@@ -1165,8 +1167,7 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
             log(f"{name}: {r.n_views} views, {r.seconds:.0f} s")
     if cfg.shared_cameras and cfg.refine_cameras and len(fitted) > 1:
         xi = shared_camera_deltas([r.camera_deltas for _, _, r in fitted],
-                                  [{v.camera for v in _select_views(vs, cfg.max_views)}
-                                   for _, vs, _ in fitted], n_cam)
+                                  [set(r.cameras) for _, _, r in fitted], n_cam)
         if log:
             log("cameras fixed at the objects' median deltas: "
                 + ", ".join(f"{c} {1000 * np.linalg.norm(x[:3]):.1f} mm "
