@@ -92,6 +92,25 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+def calibration_config(opts: OfflineOptions):
+    """The `CalibrationConfig` of an offline run: the options, then `opts.settings`.
+
+    Raises RealsimError for a bad setting, so the CLI calls it before reading the bag
+    (`--set cycles_per_level=30,10` is checked against the offline two levels, not the
+    engine's three).
+    """
+    from realsim_core.calibration import CalibrationConfig
+
+    base = CalibrationConfig()
+    cycles = tuple(max(1, round(c * opts.steps_scale)) for c in base.cycles_per_level)
+    n = len(opts.levels)
+    return base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
+                        flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
+                        plane_edges=opts.plane_edges,
+                        repaint_passes=opts.repaint_passes,
+                        wrist_weight=opts.wrist_weight).with_overrides(opts.settings)
+
+
 def load_session(bag: str | os.PathLike, opts: OfflineOptions):
     """Read the bag and build a filled `CalibrationSession` -> (session, rig path, rec dir)."""
     from realsim_core import calibration as C
@@ -121,14 +140,7 @@ def load_session(bag: str | os.PathLike, opts: OfflineOptions):
             print(f"realsim calibrate: warning: {cam}: no camera_info, using the rig file's "
                   "intrinsics", file=sys.stderr)
             intrinsics[cam] = spec.intrinsics
-    base = C.CalibrationConfig()
-    cycles = tuple(max(1, round(c * opts.steps_scale)) for c in base.cycles_per_level)
-    n = len(opts.levels)
-    cfg = base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
-                       flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
-                       plane_edges=opts.plane_edges,
-                       repaint_passes=opts.repaint_passes,
-                       wrist_weight=opts.wrist_weight).with_overrides(opts.settings)
+    cfg = calibration_config(opts)
     gauss = C.rig_gaussians(model, opts.n_gaussians, seed=opts.seed,
                             near_bodies=C.mount_subtree_bodies(rig, model),
                             exclude_planes=cfg.textured_planes)

@@ -83,3 +83,15 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
         res = _realsim("calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--set", bad)
         assert res.returncode == 1
         assert res.stderr.strip().splitlines() == [f"realsim calibrate: error: {line}"]
+    # settings are checked against the offline schedule (two levels), not the engine's
+    # three: the documented `--set cycles_per_level=30,10` passes and fails at the bag
+    res = _realsim("calibrate", str(tmp_path / "nobag"), "--out", str(tmp_path / "o"),
+                   "--set", "cycles_per_level=30,10")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"realsim calibrate: error: bag not found: {tmp_path / 'nobag'}"]
+    res = _realsim("calibrate", str(tmp_path / "nobag"), "--out", str(tmp_path / "o"),
+                   "--levels", "4,2,1", "--set", "cycles_per_level=30,10")
+    assert res.stderr.strip().splitlines() == [
+        "realsim calibrate: error: cycles_per_level needs one entry per level: levels "
+        "(4, 2, 1), cycles_per_level (30, 10)"]

@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from realsim_core.offline import OfflineOptions, calibrate_bag
+    from realsim_core.offline import OfflineOptions, calibrate_bag, calibration_config
 
     if args.object_steps is not None and args.object_steps < 1:
         raise RealsimError("--object-steps must be >= 1")
@@ -85,11 +85,9 @@ def run(args) -> int:
             object_settings.append((key[len("object."):], value))
         else:
             settings.append((key, value))
-    from realsim_core.calibration import CalibrationConfig
     from realsim_core.objects import ObjectConfig
 
-    CalibrationConfig().with_overrides(settings)     # a bad setting fails before loading
-    ObjectConfig().with_overrides(object_settings)
+    ObjectConfig().with_overrides(object_settings)   # a bad setting fails before loading
     if object_settings and not args.objects:
         raise RealsimError("--set object.* applies to --objects, which is not given")
     opts = OfflineOptions(rig=args.rig, max_frames=args.max_frames, n_gaussians=args.gaussians,
@@ -100,6 +98,7 @@ def run(args) -> int:
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps,
                           object_settings=tuple(object_settings))
+    calibration_config(opts)                         # ... checked as the run will use it
     m = calibrate_bag(args.bag, args.out, opts)
     print(f"calibrated {m['frames']} frames in {m['wall_s']:.1f} s ({m['steps']} steps); "
           f"held-out L1 {m['holdout_l1_start']:.4f} -> {m['holdout_l1']:.4f}")
