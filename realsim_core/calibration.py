@@ -96,10 +96,6 @@ class CalibrationConfig:
                                                  # aliased, differentiable), "textured" (soft
                                                  # at textured levels only); docs/calibration.md
                                                  # "Session 13" has the measurements
-    plane_rim_m: float = 0.0                     # soft outlines show the texture this far
-                                                 # (plus a pixel) inside: painted rim texels
-                                                 # cannot hold a misplaced edge (0: off;
-                                                 # planes.render_planes, "Session 16")
     prior_weight: float = 0.001                  # weight of the prior term vs the image loss
     prior_weight_last: float | None = 1e-4       # ... at the last level of a schedule of
                                                  # two or more (None: prior_weight); see
@@ -165,9 +161,6 @@ class CalibrationConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise RealsimError(f"{name} must be a finite number >= 0, got {v}")
-        if not (math.isfinite(self.plane_rim_m) and self.plane_rim_m >= 0):
-            raise RealsimError(f"plane_rim_m must be a finite number >= 0, got "
-                               f"{self.plane_rim_m}")
         if self.repaint_passes < 0:
             raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
         if self.plane_edges not in ("soft", "textured", "hard"):
@@ -289,7 +282,6 @@ class _Static(NamedTuple):
     filter_px2: float = DILATION_PX2
     max_pairs: tuple = ()                   # [level] binning list size; () = renderer default
     plane_edges: str = "hard"               # CalibrationConfig.plane_edges
-    plane_rim_m: float = 0.0                # CalibrationConfig.plane_rim_m
 
 
 class Buffers(NamedTuple):
@@ -457,8 +449,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
                 return r.rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
             plane_rgb, cover = render_planes(planes, packed, static.plane_res, pose,
-                                             intr, paint=None if all_paint else pw,
-                                             rim=static.plane_rim_m)
+                                             intr, paint=None if all_paint else pw)
             behind = plane_rgb + (1.0 - cover)[..., None] * bg
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
@@ -617,8 +608,7 @@ class CalibrationSession:
                               jnp.asarray([0.0 if (c in mounted and
                                                    self.cfg.plane_painters == "fixed") else 1.0
                                            for c in self.cameras], jnp.float32),
-                              float(self.cfg.filter_px2), plane_edges=str(self.cfg.plane_edges),
-                              plane_rim_m=float(self.cfg.plane_rim_m))
+                              float(self.cfg.filter_px2), plane_edges=str(self.cfg.plane_edges))
         R = int(self.cfg.plane_texels) if planes is not None else 1
         plane_rgb = np.zeros((0, 3)) if planes is None else np.asarray(planes.rgb)
         J = len(km.joint_names)

@@ -205,7 +205,7 @@ def _trilinear(packed, res: int, plane, s, t, l0, l1, w):
 
 
 def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics,
-                  paint=None, rim: float = 0.0):
+                  paint=None):
     """Ray-cast the planes into one camera -> (rgb [H, W, 3], coverage [H, W]).
 
     packed: `pyramid(sigmoid(logits))` [P, L, 3]; cam_pose [4, 4] T_world_cam (optical).
@@ -226,14 +226,6 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
     on the plane (depth / (f cos)) over the texel size. paint (scalar, may be traced): the
     textures get `paint` times this camera's gradient (0: the camera sees the planes but
     does not fit them); None is 1. The gradient to the camera pose is not scaled.
-
-    rim (m, >= 0): within `rim` of an outline edge (not of a clipped one) the texture is
-    looked up at `rim` inside: the texture coordinate is clamped, the coverage is not.
-    The outline then looks like the plane's interior, set by the geometry alone; texels
-    at the rim, painted from views whose poses were off, would otherwise hold the
-    misplaced edge they saw. Mip filtering reaches about two pixel footprints, so a rim
-    of a few footprints of the coarsest view hides the rim texels entirely
-    (docs/calibration.md, "Session 16"). 0: off.
     """
     H, W = intr.height, intr.width
     dtype = cam_pose.dtype
@@ -271,18 +263,13 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         cov = cov_ab[0] * cov_ab[1]
         seen = front & (t > 0) & (cov > 0.0)
         cov = jnp.where(seen, cov, 0.0)
+        s = 0.5 * (a / half[p, 0] + 1.0)
+        tt = 0.5 * (b / half[p, 1] + 1.0)
         # footprint of one pixel on the plane (longer axis) over the texel size
         cos = -safe / jnp.linalg.norm(d, axis=-1)
         texel = jnp.sqrt(4 * half[p, 0] * half[p, 1]) / res
         foot = jax.lax.stop_gradient(
             jnp.where(seen, t * jnp.linalg.norm(d, axis=-1) / (f * jnp.maximum(cos, 0.05)), 1.0))
-        if rim > 0:     # look up the interior's texture near the outline (docstring)
-            if not clipped[p, 0]:
-                a = jnp.clip(a, -(half[p, 0] - rim), half[p, 0] - rim)
-            if not clipped[p, 1]:
-                b = jnp.clip(b, -(half[p, 1] - rim), half[p, 1] - rim)
-        s = 0.5 * (a / half[p, 0] + 1.0)
-        tt = 0.5 * (b / half[p, 1] + 1.0)
         lam = jnp.clip(jnp.log2(jnp.maximum(foot / texel, 1e-6)), 0.0, n_levels(res) - 1.0)
         l0 = jnp.floor(lam).astype(jnp.int32)
         l1 = jnp.minimum(l0 + 1, n_levels(res) - 1)
