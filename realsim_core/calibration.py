@@ -134,6 +134,11 @@ class CalibrationConfig:
                                                  # (realsim_core.planes; the Gaussians
                                                  # must be built with exclude_planes=True)
     plane_texels: int = 512                      # texture side per plane (power of two)
+    self_paint: bool = True                      # a wrist camera's pixels fit the colours
+                                                 # of its own gripper (the bodies that move
+                                                 # with it). Off: those colours come from the
+                                                 # other cameras, so a mount error cannot be
+                                                 # painted into them ("Session 16")
     plane_painters: str = "all"                  # cameras whose pixels fit the plane
                                                  # textures: "all" or "fixed" (the wrist
                                                  # views then only align to them)
@@ -282,6 +287,8 @@ class _Static(NamedTuple):
     filter_px2: float = DILATION_PX2
     max_pairs: tuple = ()                   # [level] binning list size; () = renderer default
     plane_edges: str = "hard"               # CalibrationConfig.plane_edges
+    own: jnp.ndarray | None = None          # [C, N] 1: the Gaussian moves with camera c
+                                            # (c's pixels do not fit its colour); None: all 0
 
 
 class Buffers(NamedTuple):
@@ -429,13 +436,18 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
                  else static.plane_paint[cam_idx])                        # [k]
         all_paint = static.plane_paint is None or bool(np.all(np.asarray(static.plane_paint) == 1))
 
-        def one(m, qu, pose, bg, pw, intr=intr, all_paint=all_paint):
-            col = colors
+        own = (jnp.zeros((len(cams), 1), jnp.float32) if static.own is None
+               else static.own[cam_idx])                                  # [k, N] or [k, 1]
+
+        def one(m, qu, pose, bg, pw, ow, intr=intr, all_paint=all_paint):
+            col, op = colors, opac
+            if static.own is not None:   # same values; no colour gradient from own pixels
+                col = col - ow[:, None] * (col - jax.lax.stop_gradient(col))
+                op = op - ow * (op - jax.lax.stop_gradient(op))
             if static.shading:
-                col = colors * surfel_shading(params["shading"], qu, m, pose)[:, None]
-            op = opac
+                col = col * surfel_shading(params["shading"], qu, m, pose)[:, None]
             if packed is not None:   # what a plane hides from this camera is not drawn
-                op = jnp.where(occluded_by_planes(static.planes, m, pose[:3, 3]), 0.0, opac)
+                op = jnp.where(occluded_by_planes(static.planes, m, pose[:3, 3]), 0.0, op)
             feats = ((m - pose[:3, 3]) @ pose[:3, 2])[:, None] if alpha else None  # depth
             r = rasterize(m, qu, static.gauss.scales, op, col, pose, intr,
                           background=None if packed is not None else bg,
@@ -454,9 +466,10 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
         # [B, k] renders: frames x cameras of this group, one trace
-        per_cam, per_alpha, per_depth = jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0, 0)),
-                                                 in_axes=(0, 0, 0, None, None))(
-            means, quats, poses.cameras[:, cam_idx], bgs, paint)
+        per_cam, per_alpha, per_depth = jax.vmap(
+            jax.vmap(one, in_axes=(None, None, 0, 0, 0, 0)),
+            in_axes=(0, 0, 0, None, None, None))(
+            means, quats, poses.cameras[:, cam_idx], bgs, paint, own)
         for j, c in enumerate(cams):
             out[c] = per_cam[:, j]
             alphas[c] = per_alpha[:, j]
@@ -608,7 +621,10 @@ class CalibrationSession:
                               jnp.asarray([0.0 if (c in mounted and
                                                    self.cfg.plane_painters == "fixed") else 1.0
                                            for c in self.cameras], jnp.float32),
-                              float(self.cfg.filter_px2), plane_edges=str(self.cfg.plane_edges))
+                              float(self.cfg.filter_px2), plane_edges=str(self.cfg.plane_edges),
+                              own=None if self.cfg.self_paint else jnp.asarray(
+                                  own_gaussians(rig, model, gaussians.body, self.cameras),
+                                  jnp.float32))
         R = int(self.cfg.plane_texels) if planes is not None else 1
         plane_rgb = np.zeros((0, 3)) if planes is None else np.asarray(planes.rgb)
         J = len(km.joint_names)
@@ -1090,7 +1106,9 @@ class CalibrationSession:
         means, _ = jax.jit(jax.vmap(world_gaussians, in_axes=(None, 0)))(self.static.gauss,
                                                                           bodies)
         means = np.asarray(means, np.float64)                     # [B, N, 3]
-        med = self._median_colours(lambda bi: means[bi], idx, cams, level)
+        own = None if self.static.own is None else np.asarray(self.static.own) > 0
+        med = self._median_colours(lambda bi: means[bi], idx, cams, level,
+                                   None if own is None else lambda c, T: ~own[c])
         self.params = {**self.params,
                        "color_logits": self._logits_where_seen(self.params["color_logits"], med)}
         self._paint_planes(idx, cams, level)
@@ -1474,27 +1492,47 @@ def _bisect_to_size(tri: np.ndarray, max_edge: float) -> np.ndarray:
     raise RealsimError(f"triangle bisection did not reach {max_edge} m in 64 rounds")
 
 
+def subtree_bodies(model, root_name: str) -> tuple[int, ...]:
+    """Body ids of the body `root_name` and every body below it (() if there is none)."""
+    import mujoco
+
+    root = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, root_name)
+    if root < 0:
+        return ()
+    parent = np.asarray(model.body_parentid)
+    out = []
+    for b in range(model.nbody):
+        x = b
+        while x > 0 and x != root:
+            x = int(parent[x])
+        if x == root:
+            out.append(b)
+    return tuple(out)
+
+
+def own_gaussians(rig: Rig, model, body: np.ndarray, cameras) -> np.ndarray:
+    """[C, N] bool: Gaussian n moves with camera c (a wrist camera's gripper and fingers).
+
+    A wrist camera sees these at a fixed pose relative to itself (up to the gripper's
+    opening): whatever its mount delta, colours painted from its own pixels would make
+    them look right, so they say nothing about the mount (`CalibrationConfig.self_paint`).
+    Fixed cameras own nothing.
+    """
+    mounts = {c.name: c.mount for c in rig.mounted_cameras}
+    out = np.zeros((len(cameras), len(body)), bool)
+    for i, c in enumerate(cameras):
+        if c in mounts:
+            out[i] = np.isin(np.asarray(body), subtree_bodies(model, mounts[c]))
+    return out
+
+
 def mount_subtree_bodies(rig: Rig, model) -> tuple[int, ...]:
     """Body ids that move with a mounted (wrist) camera: its mount body and all below it.
 
     These surfaces (gripper, fingers) are seen a few centimetres from the wrist lenses, so
     they need a much finer Gaussian spacing than the links seen by the fixed cameras.
     """
-    import mujoco
-
-    parent = np.asarray(model.body_parentid)
-    out = set()
-    for c in rig.mounted_cameras:
-        root = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, c.mount)
-        if root < 0:
-            continue
-        for b in range(model.nbody):
-            x = b
-            while x > 0 and x != root:
-                x = int(parent[x])
-            if x == root:
-                out.add(b)
-    return tuple(sorted(out))
+    return tuple(sorted({b for c in rig.mounted_cameras for b in subtree_bodies(model, c.mount)}))
 
 
 def rig_gaussians(model, n_gaussians: int = 20000, seed: int = 0, max_extent_m: float = 1.5,

@@ -775,3 +775,63 @@ def test_config_overrides_read_each_field_as_its_type():
                      (("levels", "8,4,2,1"), "cycles_per_level needs one entry per level")]:
         with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
             C.CalibrationConfig().with_overrides([bad])
+
+
+def test_a_wrist_camera_does_not_paint_its_own_gripper_when_self_paint_is_off(setup):
+    """`self_paint=False`: a wrist view does not fit the colours of its own gripper.
+
+    It sends no colour/opacity gradient to the Gaussians that move with it, the same
+    gradient to every other Gaussian, the same pixels and pose gradient; the median paint
+    skips those Gaussians in its view.
+    """
+    rig, s, qs = setup
+    _reset(s, _fresh(s), qs)
+    model = load_mjmodel(rig)
+    own = C.own_gaussians(rig, model, np.asarray(s.static.gauss.body), s.cameras)
+    wrist, other = s.cameras.index("cam_left_wrist"), s.cameras.index("cam_right_wrist")
+    left = set(C.subtree_bodies(model, rig.camera("cam_left_wrist").mount))
+    body = np.asarray(s.static.gauss.body)
+    assert not own[s.cameras.index("cam_high")].any()                 # fixed: nothing
+    np.testing.assert_array_equal(own[wrist], np.isin(body, sorted(left)))
+    assert own[wrist].sum() > 50 and not (own[wrist] & own[other]).any()
+    off = s.static._replace(own=jnp.asarray(own, jnp.float32))
+    idx = jnp.arange(2, dtype=jnp.int32)
+    target = [jnp.full_like(x, 0.3) for x in C.render_batch(
+        s.static, s.params, s.bufs.q[idx], s.params["corrections"][idx], 0)]
+
+    def loss(params, static):          # the left wrist view only
+        r = C.render_batch(static, params, s.bufs.q[idx], params["corrections"][idx], 0)
+        return jnp.abs(r[wrist] - target[wrist]).sum()
+
+    keys = ("color_logits", "opacity_logits", "joint_offsets", "mounted_deltas")
+    g_on = jax.grad(loss)(s.params, s.static)
+    g_off = jax.grad(loss)(s.params, off)
+    assert float(loss(s.params, off)) == pytest.approx(float(loss(s.params, s.static)),
+                                                       rel=1e-6)
+    for k in keys[:2]:
+        on, of = np.asarray(g_on[k]), np.asarray(g_off[k])
+        assert np.abs(on[own[wrist]]).max() > 0                          # seen and painted
+        assert np.abs(of[own[wrist]]).max() == 0.0                        # ... not any more
+        np.testing.assert_allclose(of[~own[wrist]], on[~own[wrist]], rtol=1e-5, atol=1e-9)
+    for k in keys[2:]:
+        np.testing.assert_allclose(np.asarray(g_off[k]), np.asarray(g_on[k]), rtol=1e-5,
+                                   atol=1e-9)
+    # median paint from the left wrist view alone, all black: with self_paint off its own
+    # gripper keeps its (light) colours
+    images = tuple(jnp.zeros_like(x) for x in s.bufs.images[0])
+    valid = s.bufs.valid
+    s.bufs = s.bufs._replace(images=(images,), valid=jnp.zeros_like(valid).at[:, wrist].set(1))
+    static, start = s.static, dict(s.params)
+    try:
+        painted = {}
+        for name, st in (("on", static), ("off", off)):
+            s.static, s.params = st, dict(start)
+            s.init_colours_from_frames()
+            painted[name] = np.asarray(jax.nn.sigmoid(s.params["color_logits"]))
+    finally:
+        s.static, s.params = static, start
+        s.bufs = s.bufs._replace(valid=valid)
+    c0 = np.asarray(jax.nn.sigmoid(start["color_logits"]))[own[wrist]]
+    assert c0.max(axis=1).min() > 0.2
+    assert (painted["on"][own[wrist]].max(axis=1) < 0.01).sum() >= 5     # in its view
+    np.testing.assert_array_equal(painted["off"][own[wrist]], c0)
