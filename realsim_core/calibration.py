@@ -35,6 +35,7 @@ from typing import NamedTuple
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
+import mujoco
 import numpy as np
 import optax
 
@@ -52,7 +53,13 @@ from realsim_core.planes import (
 from realsim_core.render import pair_count, rasterize
 from realsim_core.render.rasterize import DILATION_PX2
 from realsim_core.rig import Rig
-from realsim_core.se3 import matrix_to_quat_xyzw, quat_xyzw_to_matrix, se3_exp
+from realsim_core.se3 import (
+    matrix_to_quat_xyzw,
+    pose_inverse,
+    quat_xyzw_to_matrix,
+    se3_exp,
+    se3_log,
+)
 from realsim_core.types import CameraIntrinsics
 
 
@@ -139,6 +146,12 @@ class CalibrationConfig:
                                                  # with it). Off: those colours come from the
                                                  # other cameras, so a mount error cannot be
                                                  # painted into them ("Session 16")
+    mounted_world_joints: int = 0                # pose steps see a mounted camera's pose
+                                                 # at the mean joints as a world pose with
+                                                 # respect to the last N joints above its
+                                                 # mount (the wrist: N = 3), so those joints
+                                                 # do not drag the camera (0: plain mount
+                                                 # deltas; _mounted_to_world, "Session 17")
     plane_painters: str = "all"                  # cameras whose pixels fit the plane
                                                  # textures: "all" or "fixed" (the wrist
                                                  # views then only align to them)
@@ -166,6 +179,9 @@ class CalibrationConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise RealsimError(f"{name} must be a finite number >= 0, got {v}")
+        if self.mounted_world_joints < 0:
+            raise RealsimError(f"mounted_world_joints must be >= 0, got "
+                               f"{self.mounted_world_joints}")
         if self.repaint_passes < 0:
             raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
         if self.plane_edges not in ("soft", "textured", "hard"):
@@ -553,6 +569,83 @@ def _prior(params, cfg: CalibrationConfig, nominal):
     return 0.5 * p
 
 
+def mounted_chain_joints(rig: Rig, model, n: int) -> np.ndarray:
+    """[Cw, J] mask: the last `n` rig joints above each mounted camera's mount body.
+
+    Walks from the mount body towards the world; a rig joint counts when it drives a MuJoCo
+    joint of a body on that path (ALOHA 2's wrist camera, n = 3: forearm_roll, wrist_angle,
+    wrist_rotate).
+    """
+    from realsim_core.kinematics import joint_layout
+
+    lay = joint_layout(rig, model)
+    out = np.zeros((len(rig.mounted_cameras), len(rig.joint_names)), np.float32)
+    for c, cam in enumerate(rig.mounted_cameras):
+        body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, cam.mount)
+        found: list[int] = []
+        while body > 0 and len(found) < n:
+            for jid in range(model.body_jntadr[body],
+                             model.body_jntadr[body] + model.body_jntnum[body]):
+                for rj in np.flatnonzero(lay.A[model.jnt_qposadr[jid]]):
+                    if rj not in found and len(found) < n:
+                        found.append(int(rj))
+            body = model.body_parentid[body]
+        out[c, found] = 1.0
+    return out
+
+
+def _mounted_bodies(km, q_ref, joint_offsets):
+    """World poses [Cw, 4, 4] of the mounted cameras' parent bodies at q_ref + offsets.
+
+    joint_offsets: [J], or [Cw, J] (one set per mounted camera).
+    """
+    fixed = jnp.zeros((km.fixed_nominal.shape[0], 6), jnp.float32)
+    mounted = jnp.zeros((km.mounted_nominal.shape[0], 6), jnp.float32)
+
+    def bodies(o):
+        return kinematics.forward(km, q_ref, o, jnp.zeros_like(o), fixed, mounted).bodies
+
+    if joint_offsets.ndim == 1:
+        return bodies(joint_offsets)[km.mounted_body]
+    every = jax.vmap(bodies)(joint_offsets)                       # [Cw, nbody, 4, 4]
+    return every[jnp.arange(every.shape[0]), km.mounted_body]
+
+
+def _mounted_refs(km, params, q_ref, chain):
+    """Per mounted camera c: (B_c(q_ref + o), W0_c).
+
+    B_c is its parent body at the reference joints, W0_c the reference of its world
+    coordinates: B_c at q_ref + o without the `chain` joints' offsets, times N_c.
+    """
+    o = params["joint_offsets"]
+    b = _mounted_bodies(km, q_ref, o)
+    w0 = _mounted_bodies(km, q_ref, o[None, :] * (1.0 - chain)) @ km.mounted_nominal
+    return b, w0
+
+
+def _mounted_to_world(km, params, q_ref, chain):
+    """Map params to u: each mounted camera's delta becomes a pose at joints `q_ref`.
+
+    u["mounted_deltas"][c] = log(W0_c^-1 B_c(q_ref + o) N_c exp(d_c)), where
+    W0_c = B_c(q_ref + o masked) N_c and `chain` [Cw, J] masks the joints just above the
+    mount (`mounted_chain_joints`). In u those joints' offsets no longer move the camera
+    at q_ref (only away from it): the optimiser's coordinates separate what a wrist view
+    pins well (where the camera is) from what it barely sees (how that pose splits into
+    wrist joints and mount, the weak pairs; docs/calibration.md "Session 17"). The arm's
+    other joints move the camera as before. Other entries are unchanged.
+    """
+    b, w0 = _mounted_refs(km, params, q_ref, chain)
+    cam = b @ km.mounted_nominal @ se3_exp(params["mounted_deltas"])
+    return {**params, "mounted_deltas": se3_log(pose_inverse(w0) @ cam)}
+
+
+def _mounted_from_world(km, u, q_ref, chain):
+    """The inverse of `_mounted_to_world`: u -> params (mount deltas)."""
+    b, w0 = _mounted_refs(km, u, q_ref, chain)
+    cam = w0 @ se3_exp(u["mounted_deltas"])
+    return {**u, "mounted_deltas": se3_log(pose_inverse(b @ km.mounted_nominal) @ cam)}
+
+
 class _PoseAverage:
     """Running mean of the pose parameters over the cycles k >= start of one level."""
 
@@ -643,6 +736,10 @@ class CalibrationSession:
                 _logit(plane_rgb)[:, None, None, :], (len(plane_rgb), R, R, 3)), jnp.float32),
         }
         self.nominal = {**self.nominal, "corrections": self.params["corrections"]}
+        # the reference joints of the mounted cameras' world coordinates in pose steps (the
+        # mean of the training frames buffered at start(); see _mounted_to_world)
+        self.qbar = jnp.zeros(J, jnp.float32)
+        self._model = model             # the MuJoCo model (mounted_chain_joints)
         F = self.max_frames
         self.bufs = Buffers(
             images=tuple(tuple(jnp.zeros((F, it.height, it.width, 3), jnp.float32)
@@ -811,15 +908,33 @@ class CalibrationSession:
         def select(flag, a, b):
             return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
+        # (cameras not optimised: their mounts stay put, so the plain coordinates)
+        world = (cfg.mounted_world_joints > 0 and cfg.optimise_cameras
+                 and static.km.mounted_nominal.shape[0] > 0)
+        chain = jnp.asarray(mounted_chain_joints(self.rig, self._model,
+                                                 cfg.mounted_world_joints))
+
+        def loss_u(u, bufs, idx, nominal, pose):
+            p = _mounted_from_world(static.km, u, nominal["qbar"], chain) if world else u
+            return loss_fn(p, bufs, idx, nominal, pose)
+
         @jax.jit
         def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
-            (_, data), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, bufs, idx, nominal, pose)
-            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, params)
-            up_p = jax.tree_util.tree_map(lambda u: u * lr_scale, up_p)
-            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, params)
+            # the optimiser works on u: params with the mounted cameras' deltas as world
+            # poses at the reference joints (_mounted_to_world), identical otherwise
+            u = (_mounted_to_world(static.km, params, nominal["qbar"], chain) if world
+                 else params)
+            (_, data), grads = jax.value_and_grad(loss_u, has_aux=True)(
+                u, bufs, idx, nominal, pose)
+            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, u)
+            up_p = jax.tree_util.tree_map(lambda x: x * lr_scale, up_p)
+            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, u)
             updates = select(pose, up_p, up_c)
-            new_params = optax.apply_updates(params, updates)
+            new_params = optax.apply_updates(u, updates)
+            if world:   # back to mount deltas; colour steps leave the poses bit for bit
+                back = _mounted_from_world(static.km, new_params, nominal["qbar"], chain)
+                new_params = {**new_params, "mounted_deltas": jnp.where(
+                    pose, back["mounted_deltas"], params["mounted_deltas"])}
             finite = jnp.isfinite(data) & jnp.all(jnp.asarray(
                 [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(grads)]))
             return (new_params, select(pose, new_pose_state, pose_state),
@@ -1146,6 +1261,9 @@ class CalibrationSession:
     def start(self) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it."""
         self.fit_pair_budget()
+        train = np.flatnonzero(np.asarray(self.bufs.train))
+        if train.size:
+            self.qbar = jnp.asarray(np.asarray(self.bufs.q)[train].mean(axis=0), jnp.float32)
         if self.cfg.init_colours:
             self.init_colours_from_frames()
             self.accepted = dict(self.params)
@@ -1314,7 +1432,8 @@ class CalibrationSession:
             return
         idx = self._sample()
         params, ps, cs, loss, finite = fn(self.params, self._pose_state, self._colour_state,
-                                          self.bufs, idx, self.nominal, jnp.asarray(pose),
+                                          self.bufs, idx, {**self.nominal, "qbar": self.qbar},
+                                          jnp.asarray(pose),
                                           jnp.float32(self.lr_scale))
         self.metrics.steps += 1
         if not bool(finite):

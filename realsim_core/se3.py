@@ -59,6 +59,37 @@ def se3_exp(xi):
     return make_pose(rot, t)
 
 
+def se3_log(T):
+    """[..., 4, 4] rigid transform -> [..., 6] (rho, phi), the inverse of `se3_exp`.
+
+    Differentiable (JAX) and smooth at the identity; meant for the small to moderate
+    rotations of pose deltas (angles well below pi, where the axis is ill-defined).
+    """
+    T = jnp.asarray(T)
+    rot, t = T[..., :3, :3], T[..., :3, 3]
+    # sin(theta) * axis from the skew part, cos(theta) from the trace
+    w = 0.5 * jnp.stack([rot[..., 2, 1] - rot[..., 1, 2], rot[..., 0, 2] - rot[..., 2, 0],
+                         rot[..., 1, 0] - rot[..., 0, 1]], -1)
+    cos = 0.5 * (jnp.trace(rot, axis1=-2, axis2=-1) - 1.0)
+    s2 = jnp.sum(w * w, -1)
+    small = s2 < 1e-10
+    s = jnp.sqrt(jnp.where(small, 1.0, s2))
+    ratio = jnp.where(small, 1.0 + s2 / 6.0, jnp.arctan2(s, cos) / s)   # theta / sin(theta)
+    phi = ratio[..., None] * w
+    th2 = jnp.sum(phi * phi, -1)
+    small = th2 < 1e-8
+    th2s = jnp.where(small, 1.0, th2)
+    th = jnp.sqrt(th2s)
+    # V(phi)^-1 = I - K / 2 + c K^2, c = (1 - theta sin(theta) / (2 (1 - cos(theta)))) / theta^2
+    c = jnp.where(small, 1.0 / 12.0 + th2 / 720.0,
+                  (1.0 - th * jnp.sin(th) / (2.0 * (1.0 - jnp.cos(th)))) / th2s)
+    k = skew(phi)
+    eye = jnp.eye(3, dtype=T.dtype)
+    vinv = eye - 0.5 * k + c[..., None, None] * (k @ k)
+    rho = (vinv @ t[..., None])[..., 0]
+    return jnp.concatenate([rho, phi], -1)
+
+
 def so3_log(rot):
     """[3, 3] rotation -> axis-angle [3] (numpy, float64; for evaluation, not for gradients)."""
     rot = np.asarray(rot, dtype=np.float64)

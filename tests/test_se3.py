@@ -49,3 +49,21 @@ def test_exp_gradients_match_finite_differences_including_zero():
 def test_rotation_error_deg():
     r = Rotation.from_euler("z", 1.0, degrees=True).as_matrix()
     assert abs(se3.rotation_error_deg(np.eye(3), r) - 1.0) < 1e-9
+
+
+def test_se3_log_inverts_exp_and_has_the_identity_jacobian_at_zero():
+    rng = np.random.default_rng(3)
+    for scale in (0.0, 1e-7, 1e-3, 0.05, 0.5, 2.0):
+        for xi in rng.normal(size=(4, 6)) * scale:
+            if np.linalg.norm(xi[3:]) > 3.0:
+                continue
+            np.testing.assert_allclose(se3.se3_log(se3.se3_exp(xi)), xi, atol=1e-12)
+    # the float64 numpy log of the rotation part agrees
+    T = se3.se3_exp(np.array([0.01, -0.02, 0.03, 0.2, -0.1, 0.3]))
+    np.testing.assert_allclose(se3.se3_log(T)[3:], se3.so3_log(np.asarray(T)[:3, :3]),
+                               atol=1e-12)
+    J0 = jax.jacobian(lambda x: se3.se3_log(se3.se3_exp(x)))(np.zeros(6))
+    np.testing.assert_allclose(J0, np.eye(6), atol=1e-12)
+    check_grads(lambda x: se3.se3_log(se3.se3_exp(x) @ se3.se3_exp(np.full(6, 0.1))),
+                (np.array([0.02, 0.0, -0.01, 0.03, -0.02, 0.01]),), order=1, modes=["rev"])
+    check_grads(se3.se3_log, (np.eye(4),), order=1, modes=["rev"], eps=1e-6)
