@@ -911,8 +911,8 @@ class CalibrationSession:
         # (cameras not optimised: their mounts stay put, so the plain coordinates)
         world = (cfg.mounted_world_joints > 0 and cfg.optimise_cameras
                  and static.km.mounted_nominal.shape[0] > 0)
-        chain = jnp.asarray(mounted_chain_joints(self.rig, self._model,
-                                                 cfg.mounted_world_joints))
+        chain = (jnp.asarray(mounted_chain_joints(self.rig, self._model,
+                                                  cfg.mounted_world_joints)) if world else None)
 
         def loss_u(u, bufs, idx, nominal, pose):
             p = _mounted_from_world(static.km, u, nominal["qbar"], chain) if world else u
