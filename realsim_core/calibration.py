@@ -24,7 +24,9 @@ than its start. A non-finite loss or gradient rolls the step back.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import logging
 import math
 import time
 import warnings
@@ -61,6 +63,8 @@ from realsim_core.se3 import (
     se3_log,
 )
 from realsim_core.types import CameraIntrinsics
+
+_LOG = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- config
@@ -155,6 +159,11 @@ class CalibrationConfig:
     plane_painters: str = "all"                  # cameras whose pixels fit the plane
                                                  # textures: "all" or "fixed" (the wrist
                                                  # views then only align to them)
+    precompile: bool = True                      # compile the schedule's jitted functions
+                                                 # in a background thread while the first
+                                                 # level runs (a cold start overlaps its
+                                                 # compilation with work; results are the
+                                                 # same: CalibrationSession.precompile)
     seed: int = 0
 
     def __post_init__(self):
@@ -646,6 +655,55 @@ def _mounted_from_world(km, u, q_ref, chain):
     return {**u, "mounted_deltas": se3_log(pose_inverse(b @ km.mounted_nominal) @ cam)}
 
 
+class _Precompiled:
+    """A jitted function whose executable may be compiled ahead of time elsewhere.
+
+    `submit` starts `jitted.lower(*args).compile()` on an executor (a background
+    thread). The first call takes that executable: it waits for a compilation in
+    progress, and cancels one not yet started (the call compiles through `jit` then, as
+    it would without). Calls whose arguments do not match the compiled signature go
+    through `jit`, so a stale executable costs a compilation, never a wrong result.
+    """
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+        self._future: concurrent.futures.Future | None = None
+        self._compiled = None
+        self._called = False            # once called, jit or the executable has compiled it
+        self.compiled_calls = 0         # calls served by the ahead-of-time executable
+
+    def submit(self, executor: concurrent.futures.Executor, *args) -> None:
+        if self._future is None and not self._called:
+            self._future = executor.submit(lambda: self.jitted.lower(*args).compile())
+
+    def cancel(self) -> None:
+        """Drop a compilation not yet started (one in progress runs to its end)."""
+        if self._future is not None and self._future.cancel():
+            self._future = None
+
+    def __call__(self, *args):
+        self._called = True
+        fut, self._future = self._future, None
+        if fut is not None and not fut.cancel():
+            try:
+                self._compiled = fut.result()
+            except Exception as e:  # noqa: BLE001 (jit below raises it again, if real)
+                _LOG.debug("ahead-of-time compilation failed (%s); compiling on call", e)
+        if self._compiled is not None:
+            try:
+                out = self._compiled(*args)
+            except (TypeError, ValueError) as e:  # not the compiled signature
+                _LOG.debug("arguments differ from the precompiled ones (%s); using jit", e)
+                self._compiled = None
+            else:
+                self.compiled_calls += 1
+                return out
+        return self.jitted(*args)
+
+    def lower(self, *args):
+        return self.jitted.lower(*args)
+
+
 class _PoseAverage:
     """Running mean of the pose parameters over the cycles k >= start of one level."""
 
@@ -758,6 +816,7 @@ class CalibrationSession:
         self.stop_requested = False
         self._fns: dict = {}
         self._pair_counts = None        # jitted pair counter (independent of the list size)
+        self._compiler: concurrent.futures.ThreadPoolExecutor | None = None  # precompile()
         self._started = False
         self._build_optimisers()
         self.accepted = dict(self.params)
@@ -803,20 +862,56 @@ class CalibrationSession:
         self._colour_opt = optax.multi_transform(colour_tx, labels)
         self._pose_state = self._pose_opt.init(self.params)
         self._colour_state = self._colour_opt.init(self.params)
+        self._cancel_precompiled()      # the step functions trace these optimisers
         self._steps = {}
 
     def _cached(self, name: str, level: int, build):
         """Jitted helpers, one per level; dropped when the static scene changes."""
         key = (name, level)
         if key not in self._fns:
-            self._fns[key] = build(level)
+            self._fns[key] = _Precompiled(build(level))
         return self._fns[key]
 
     def _set_static(self, static: _Static) -> None:
         """Replace the static scene; every jitted function closes over it."""
+        self._cancel_precompiled()
         self.static = static
         self._steps = {}
         self._fns = {}
+
+    def precompile(self, levels=None) -> None:
+        """Compile the jitted functions a run will call, in a background thread.
+
+        In the order a run needs them: the step function of every level in `levels`
+        (default: all), the held-out scorers of the flat-colour levels (`_better_of`)
+        and the camera guard's renderer. The main thread meanwhile paints the colours,
+        scores the start and runs the first level; each function's first call takes its
+        executable (waiting for it if its compilation is under way). Same executables as
+        `jit` would build: the results do not change (tests/test_calibration.py).
+        Functions already compiled, or compiled when the call comes first, are not
+        compiled again. One compilation at a time: XLA's compiler uses both cores of a
+        small machine already, and two at once took longer than one after the other.
+        """
+        levels = range(len(self.cfg.levels)) if levels is None else levels
+        if self._compiler is None:
+            self._compiler = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="realsim-compile")
+        idx = jnp.zeros(self.cfg.batch_frames, jnp.int32)
+        step_args = (self.params, self._pose_state, self._colour_state, self.bufs, idx,
+                     {**self.nominal, "qbar": self.qbar}, jnp.asarray(True), jnp.float32(1.0))
+        one = (self.params, self.bufs, jnp.zeros(1, jnp.int32))
+        last = len(self.cfg.levels) - 1
+        jobs = [(self._step_fn(li), step_args) for li in levels]
+        jobs += [(self._eval_fn(li), one) for li in levels if li < self.cfg.flat_colour_levels]
+        if self.cfg.camera_guard and self.cfg.optimise_cameras:
+            jobs.append((self._alpha_fn(last), one))
+        for fn, args in jobs:
+            fn.submit(self._compiler, *args)
+
+    def _cancel_precompiled(self) -> None:
+        """Drop the background compilations not yet started (a stale scene, a run's end)."""
+        for fn in (*getattr(self, "_steps", {}).values(), *getattr(self, "_fns", {}).values()):
+            fn.cancel()
 
     def pair_need(self, params=None) -> tuple[int, ...]:
         """Most (Gaussian, tile) pairs of any buffered view, per pyramid level.
@@ -940,8 +1035,8 @@ class CalibrationSession:
             return (new_params, select(pose, new_pose_state, pose_state),
                     select(pose, colour_state, new_colour_state), data, finite)
 
-        self._steps[level] = step
-        return step
+        self._steps[level] = _Precompiled(step)
+        return self._steps[level]
 
     # ------------------------------------------------------------------ frames
     def add_frame(self, images: dict[str, np.ndarray], joints: np.ndarray,
@@ -1258,12 +1353,18 @@ class CalibrationSession:
             self.params = {**self.params, "plane_logits": jnp.asarray(logits, jnp.float32)}
         self._colour_state = self._colour_opt.init(self.params)
 
-    def start(self) -> float:
-        """Initialise colours (if configured) and the held-out baseline; returns it."""
+    def start(self, levels=None) -> float:
+        """Initialise colours (if configured) and the held-out baseline; returns it.
+
+        `levels`: the pyramid levels this session will run (default all), whose
+        functions `precompile` compiles in the background when `cfg.precompile` is set.
+        """
         self.fit_pair_budget()
         train = np.flatnonzero(np.asarray(self.bufs.train))
         if train.size:
             self.qbar = jnp.asarray(np.asarray(self.bufs.q)[train].mean(axis=0), jnp.float32)
+        if self.cfg.precompile:
+            self.precompile(levels)
         if self.cfg.init_colours:
             self.init_colours_from_frames()
             self.accepted = dict(self.params)
@@ -1369,6 +1470,7 @@ class CalibrationSession:
                 break
         self.lr_scale = 1.0
         self.params = dict(self.accepted)
+        self._cancel_precompiled()      # a budget cut the schedule short: nothing to wait for
         return m
 
     def _better_of(self, last, mean, level: int | None = None):

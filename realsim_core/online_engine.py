@@ -143,7 +143,7 @@ class SessionEstimator:
             return False
         if not self._started:
             self.state = "compiling"
-            s.start()
+            s.start(levels=[len(s.cfg.levels) - 1])   # cycle() runs the last level
             self._nominal_params = dict(s.accepted)
             s.cycle(colour_steps=self.cfg.warmup_colour_steps)
             self._started = True

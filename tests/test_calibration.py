@@ -952,3 +952,50 @@ def test_recovers_a_wrist_mount_offset_in_world_coordinates(setup):
     # mount deltas end at the same 3.0 of 5.4 mm (measured; 0.0016, -0.0030, 0.0001 m)
     assert np.linalg.norm(est[:3] - delta[ci, :3]) < 0.65 * np.linalg.norm(delta[ci, :3]), est
     np.testing.assert_array_equal(s.accepted["joint_offsets"], off)
+
+
+def test_precompiled_functions_give_the_same_run_and_are_used(setup):
+    """Background compilation (cfg.precompile) changes when functions compile, not results.
+
+    Two levels, so the second level's step compiles while the first runs. Same seed and
+    frames with and without: the accepted estimate, the losses and the held-out scores
+    agree bit for bit, and each level's steps ran on the ahead-of-time executable.
+    """
+    rig, s0, qs = setup
+    cfg = s0.cfg.replace(levels=(2, 1), cycles_per_level=(2, 2), pose_steps=2,
+                         colour_steps=1, batch_frames=2)
+    gauss = C.rig_gaussians(load_mjmodel(rig), N_GAUSS, seed=0, layout="random",
+                            exclude_planes=False)
+    truth = _fresh(s0)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[0] = [0.004, -0.003, 0.002, 0.003, 0.0, -0.002]
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    targets = _render_targets(s0, truth, qs)
+    runs = []
+    for precompile in (False, True):
+        s = C.CalibrationSession(rig, load_mjmodel(rig), s0.full_intrinsics, gauss,
+                                 cfg.replace(precompile=precompile), max_frames=N_FRAMES)
+        for q, imgs in zip(qs, targets):
+            s.add_frame(imgs, q, holdout=False)
+        seen = []    # loss and pose parameters after every cycle
+        m = s.run(callback=lambda m, s=s, seen=seen: seen.append(
+            (m.loss, np.asarray(s.params["fixed_deltas"]).copy(),
+             np.asarray(s.params["joint_offsets"]).copy())))
+        runs.append((s, seen, m))
+    (off, l_off, m_off), (on, l_on, m_on) = runs
+    assert m_on.steps == m_off.steps > 0 and len(l_on) == len(l_off) == 4
+    for (loss_on, fixed_on, joints_on), (loss_off, fixed_off, joints_off) in zip(l_on, l_off):
+        assert loss_on == loss_off
+        np.testing.assert_array_equal(fixed_on, fixed_off)
+        np.testing.assert_array_equal(joints_on, joints_off)
+    assert np.abs(l_on[-1][1]).max() > 1e-3          # the poses moved: not a trivial match
+    assert m_on.holdout_l1 == m_off.holdout_l1 and m_on.history == m_off.history
+    assert m_on.holdout_l1_start == m_off.holdout_l1_start
+    for k in off.accepted:
+        np.testing.assert_array_equal(np.asarray(on.accepted[k]), np.asarray(off.accepted[k]))
+    assert [on._step_fn(li).compiled_calls > 0 for li in (0, 1)] == [True, True]
+    assert [off._step_fn(li).compiled_calls for li in (0, 1)] == [0, 0]
+    # a changed scene (a grown pair list) drops the executables: later calls use jit
+    on._set_static(on.static._replace(max_pairs=tuple(2 * p for p in on.static.max_pairs)))
+    on.cycle(1, colour_steps=1)
+    assert on._step_fn(1).compiled_calls == 0 and on.metrics.steps == m_off.steps + 3
