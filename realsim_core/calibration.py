@@ -700,9 +700,6 @@ class _Precompiled:
                 return out
         return self.jitted(*args)
 
-    def lower(self, *args):
-        return self.jitted.lower(*args)
-
 
 class _PoseAverage:
     """Running mean of the pose parameters over the cycles k >= start of one level."""

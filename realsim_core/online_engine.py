@@ -134,6 +134,7 @@ class SessionEstimator:
         """Called from another thread: let the running step end after its current Adam step."""
         if self.session is not None:
             self.session.stop_requested = True
+            self.session._cancel_precompiled()  # a compilation under way still ends first
 
     def step(self) -> bool:  # noqa: D102
         s = self.session
