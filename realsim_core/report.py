@@ -98,7 +98,7 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
         f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
         for k, v in metrics.items()
         if k not in ("history", "evaluation", "evaluation_nominal", "evaluation_table",
-                     "evaluation_table_nominal"))
+                     "evaluation_table_nominal", "edge_distance_px_start", "edge_distance_px"))
     parts = [
         "<!doctype html><meta charset='utf-8'><title>realsim calibration report</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
@@ -112,9 +112,24 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
                   html.escape(metrics["evaluation_table_nominal"]),
                   "</pre><h3>calibrated</h3><pre>",
                   html.escape(metrics["evaluation_table"]), "</pre>"]
+    if "edge_distance_px" in metrics:
+        start = metrics.get("edge_distance_px_start", {})
+        cells = "".join(
+            f"<tr><td>{html.escape(c)}</td><td>{_px(start.get(c))}</td><td>{_px(v)}</td></tr>"
+            for c, v in metrics["edge_distance_px"].items())
+        parts += ["<h2>Geometry check (appearance-free)</h2>",
+                  "<p>Mean distance in pixels of each camera's rendered robot outline to the "
+                  "nearest edge of its held-out images (capped; lower is better; blank: the "
+                  "camera sees no robot). It does not depend on the fitted colours.</p>",
+                  "<table><tr><th>camera</th><th>start</th><th>calibrated</th></tr>",
+                  cells, "</table>"]
     parts.append("<h2>Residuals and overlays (a held-out frame, finest level)</h2>")
     parts += [f"<img src='{uri}'>" for uri in residual_figures(session, start_params)]
     Path(path).write_text("\n".join(parts))
+
+
+def _px(v) -> str:
+    return "" if v is None else f"{v:.3f}"
 
 
 def _fmt(v) -> str:

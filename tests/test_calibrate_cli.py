@@ -47,8 +47,15 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert m["config"]["wrist_weight"] == 0.5 and m["config"]["cull_backfaces"] is False
     assert m["config"]["pose_steps"] == 3
     assert m["config"]["levels"] == [1] and m["config"]["fixed_weight"] == 1.0
+    # the appearance-free check of every camera, start and calibrated (px, capped at 8)
+    for key in ("edge_distance_px_start", "edge_distance_px"):
+        assert set(m[key]) == set(cal.cameras)
+        vals = [v for v in m[key].values() if v is not None]
+        assert vals and all(0.0 <= v <= 8.0 for v in vals)
+    assert m["edge_distance_px"]["cam_high"] is not None     # the fixed views see the robot
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
+    assert "Geometry check" in html and html.count("<tr><td>cam_") >= 4
 
 
 def test_calibrate_bad_input_is_one_line(tmp_path):
