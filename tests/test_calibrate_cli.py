@@ -53,6 +53,8 @@ def test_calibrate_writes_contract_outputs(tmp_path):
         vals = [v for v in m[key].values() if v is not None]
         assert vals and all(0.0 <= v <= 8.0 for v in vals)
     assert m["edge_distance_px"]["cam_high"] is not None     # the fixed views see the robot
+    assert (f"cam_high {m['edge_distance_px_start']['cam_high']:.3f} -> "
+            f"{m['edge_distance_px']['cam_high']:.3f}") in res.stdout
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
     assert "Geometry check" in html and html.count("<tr><td>cam_") >= 4

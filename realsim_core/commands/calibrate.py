@@ -102,6 +102,12 @@ def run(args) -> int:
     m = calibrate_bag(args.bag, args.out, opts)
     print(f"calibrated {m['frames']} frames in {m['wall_s']:.1f} s ({m['steps']} steps); "
           f"held-out L1 {m['holdout_l1_start']:.4f} -> {m['holdout_l1']:.4f}")
+    start = m.get("edge_distance_px_start", {})
+    seen = [(c, start.get(c), v) for c, v in m.get("edge_distance_px", {}).items()
+            if v is not None and start.get(c) is not None]
+    if seen:
+        print("outline-to-edge distance [px], start -> calibrated: "
+              + ", ".join(f"{c} {a:.3f} -> {b:.3f}" for c, a, b in seen))
     if "evaluation_table" in m:
         print(m["evaluation_table"])
     print(f"wrote {args.out}/calibration.yaml, metrics.json, report.html")
