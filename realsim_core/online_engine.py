@@ -10,7 +10,10 @@ training slots; one in `holdout_every` other frames becomes a held-out frame. Ea
 the accepted estimate (and the nominal start) are re-scored on the current held-out set
 before each comparison. Each rejected test halves the pose step size (reduce on plateau,
 down to `lr_final_fraction` of the configured rates), so the estimate settles instead of
-jittering at Adam's constant step; a drift re-open restores full steps.
+jittering at Adam's constant step; a drift re-open restores full steps. After each test
+that accepted an estimate or saw a new held-out set, `metrics()` carries the outline
+check of `realsim calibrate` per camera (`edge_distance_px_start/<camera>`,
+`edge_distance_px/<camera>`: robot outline to image edges on the held-out frames, px).
 
 Drift: once the session has run its first acceptance test (so the appearance has been
 fitted to the buffered frames for `accept_every` cycles after the colour warm-up), every
@@ -106,6 +109,8 @@ class SessionEstimator:
         self._recent_stamps: deque[int] = deque(maxlen=max(1, self._drift_args["patience"]))
         self.detector = DriftDetector(**self._drift_args)
         self.residuals: dict[str, float] = {}
+        # camera -> (start, accepted) outline-to-edge distance (px) on the held-out frames
+        self.outline: dict[str, tuple[float, float]] = {}
         self.drift = ""  # "" = no drift seen; else what was seen and done (for diagnostics)
         self._t0 = time.monotonic()
         self.state = "waiting for frames"
@@ -154,8 +159,11 @@ class SessionEstimator:
             self.state = "optimising"
         if self._steps % self.accept_every:
             return False
+        changed = self._dirty
         self._rescore()
         ok = s.try_accept()
+        if ok or changed or not self.outline:
+            self._score_outlines()
         self._judging = True
         self._rejected_in_row = 0 if ok else self._rejected_in_row + 1
         if not ok:  # reduce on plateau: halve the pose step, down to the offline floor
@@ -184,6 +192,9 @@ class SessionEstimator:
                "steps_per_s": m.steps / max(time.monotonic() - self._t0, 1e-9),
                "drift_events": float(len(self.drift_events))}
         out.update({f"residual/{c}": r for c, r in self.residuals.items()})
+        for c, (start, now) in self.outline.items():
+            out[f"edge_distance_px_start/{c}"] = start
+            out[f"edge_distance_px/{c}"] = now
         return out
 
     # ------------------------------------------------------------------ held-out scoring
@@ -195,6 +206,19 @@ class SessionEstimator:
         s.metrics.holdout_l1 = s.holdout_residual(s.accepted)
         s.metrics.holdout_l1_start = s.holdout_residual(self._nominal_params)
         self._dirty = False
+
+    def _score_outlines(self) -> None:
+        """The appearance-free check of `realsim calibrate`, for /diagnostics.
+
+        Mean distance (px) from each camera's rendered robot outline to the edges of its
+        held-out images, at the nominal start and at the accepted estimate
+        (`CalibrationSession.silhouette_edge_scores`). A camera that sees no robot there
+        is left out.
+        """
+        s = self.session
+        start, now = s.silhouette_edge_scores(self._nominal_params, s.accepted)
+        self.outline = {c: (float(a), float(b)) for c, a, b in zip(s.cameras, start, now)
+                        if np.isfinite(a) and np.isfinite(b)}
 
     # ------------------------------------------------------------------ drift
     def camera_residuals(self, images: Mapping[str, np.ndarray], q: np.ndarray,

@@ -314,6 +314,11 @@ def test_online_estimator_improves_and_only_publishes_accepted(setup, monkeypatc
     assert err(pose) < 0.7 * err(start_pose), (err(start_pose), err(pose))
     m = est.metrics()
     assert m["accepted"] >= 1 and m["holdout_l1"] <= m["holdout_l1_start"]
+    # the outline check (appearance-free): the moved camera's rendered robot outline now
+    # lies closer to the edges of its images than at the nominal start
+    assert m[f"edge_distance_px/{cam}"] < m[f"edge_distance_px_start/{cam}"] - 0.05, m
+    assert m["edge_distance_px/cam_high"] == pytest.approx(
+        m["edge_distance_px_start/cam_high"], abs=0.02), m    # not moved: same outline
     # reduce on plateau: every rejected acceptance test halved the pose step size
     assert est.session.lr_scale == pytest.approx(
         max(cfg.lr_final_fraction, 0.5 ** m["rejected"]))

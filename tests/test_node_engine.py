@@ -102,6 +102,10 @@ def test_engine_in_node_publishes_accepted_calibration_and_saves_it(
         assert d["state"] in ("optimising", "converged"), d
         assert float(d["metrics/accepted"]) >= 1
         assert float(d["metrics/holdout_l1"]) <= float(d["metrics/holdout_l1_start"])
+        # the outline check per camera that sees the robot (the fixed ones do), start and now
+        for cam in ("cam_high", "cam_low"):
+            for key in (f"metrics/edge_distance_px_start/{cam}", f"metrics/edge_distance_px/{cam}"):
+                assert 0.0 <= float(d[key]) <= 8.0, (key, d)
         assert d["drift"] == "none"
 
         def moved() -> bool:
