@@ -111,6 +111,7 @@ class SessionEstimator:
         self.residuals: dict[str, float] = {}
         # camera -> (start, accepted) outline-to-edge distance (px) on the held-out frames
         self.outline: dict[str, tuple[float, float]] = {}
+        self._outline_start = None  # the start's scores on the current held-out set
         self.drift = ""  # "" = no drift seen; else what was seen and done (for diagnostics)
         self._t0 = time.monotonic()
         self.state = "waiting for frames"
@@ -163,7 +164,7 @@ class SessionEstimator:
         self._rescore()
         ok = s.try_accept()
         if ok or changed or not self.outline:
-            self._score_outlines()
+            self._score_outlines(rescore_start=changed or not self.outline)
         self._judging = True
         self._rejected_in_row = 0 if ok else self._rejected_in_row + 1
         if not ok:  # reduce on plateau: halve the pose step, down to the offline floor
@@ -207,16 +208,20 @@ class SessionEstimator:
         s.metrics.holdout_l1_start = s.holdout_residual(self._nominal_params)
         self._dirty = False
 
-    def _score_outlines(self) -> None:
+    def _score_outlines(self, rescore_start: bool) -> None:
         """The appearance-free check of `realsim calibrate`, for /diagnostics.
 
         Mean distance (px) from each camera's rendered robot outline to the edges of its
         held-out images, at the nominal start and at the accepted estimate
-        (`CalibrationSession.silhouette_edge_scores`). A camera that sees no robot there
-        is left out.
+        (`CalibrationSession.silhouette_edge_scores`); the start is re-scored only when
+        the held-out set changed. A camera that sees no robot there is left out.
         """
         s = self.session
-        start, now = s.silhouette_edge_scores(self._nominal_params, s.accepted)
+        if rescore_start:
+            start, now = s.silhouette_edge_scores(self._nominal_params, s.accepted)
+            self._outline_start = start
+        else:
+            start, (now,) = self._outline_start, s.silhouette_edge_scores(s.accepted)
         self.outline = {c: (float(a), float(b)) for c, a, b in zip(s.cameras, start, now)
                         if np.isfinite(a) and np.isfinite(b)}
 
