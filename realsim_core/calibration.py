@@ -90,6 +90,11 @@ class CalibrationConfig:
     flat_static: bool = False                    # ... also on the static scene (table, floor)
     flat_fixed_cameras: str = "keep"             # fixed-camera deltas of the flat levels:
                                                  # "keep", or "discard" (back to the start)
+    textured_start: str = "flat"                 # colours of the first textured level: the
+                                                 # flat ones spread to every Gaussian
+                                                 # ("flat"), or painted afresh from the
+                                                 # images at the flat levels' estimate
+                                                 # ("paint", then warmup_colour_steps)
     repaint_passes: int = 0                      # after the schedule: repaint every colour
                                                  # at the accepted estimate and run the last
                                                  # level again, this many times (each judged
@@ -196,6 +201,9 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard"):
             raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
                                f"{self.plane_edges!r}")
+        if self.textured_start not in ("flat", "paint"):
+            raise RealsimError("textured_start must be 'flat' or 'paint', got "
+                               f"{self.textured_start!r}")
         if self.flat_fixed_cameras not in ("keep", "discard"):
             raise RealsimError("flat_fixed_cameras must be 'keep' or 'discard', got "
                                f"{self.flat_fixed_cameras!r}")
@@ -217,6 +225,29 @@ class CalibrationConfig:
         from realsim_core.settings import with_overrides
 
         return with_overrides(self, pairs, _OPTIONAL_SETTINGS, "calibration setting")
+
+    def schedule_plan(self) -> list[tuple[int, int]]:
+        """(level index, colour warm-up steps) of each pass of `CalibrationSession.run`.
+
+        The levels coarse to fine, then `repaint_passes` more runs of the last level. A
+        pass starts with `warmup_colour_steps` where its colours are new (the first
+        level, a repaint, the textured level after the flat ones with
+        textured_start="paint"), otherwise with three cycles' worth of colour steps.
+        """
+        last = len(self.levels) - 1
+        plan = []
+        for i, li in enumerate(list(range(len(self.levels))) + [last] * self.repaint_passes):
+            painted = (self.textured_start == "paint" and 0 < self.flat_colour_levels == li
+                       and i < len(self.levels))
+            fresh = li == 0 or i >= len(self.levels) or painted
+            plan.append((li, self.warmup_colour_steps if fresh else self.colour_steps * 3))
+        return plan
+
+    def schedule_steps(self) -> int:
+        """Optimiser steps of the whole schedule (what a progress bar counts to)."""
+        per_cycle = self.colour_steps + self.pose_steps
+        return sum((warm + self.pose_steps if warm else 0) + self.cycles_per_level[li] * per_cycle
+                   for li, warm in self.schedule_plan())   # a warm-up is a cycle too
 
     def level_prior_weight(self, level: int) -> float:
         """Weight of the prior at pyramid level index `level` (0 = coarsest).
@@ -1423,14 +1454,11 @@ class CalibrationSession:
         # the levels, then `repaint_passes` more runs of the last level from colours
         # repainted at the accepted estimate (painted colours hold the misregistration of
         # the poses they were painted at; a better estimate paints better ones)
-        plan = list(range(len(cfg.levels))) + [last] * cfg.repaint_passes
-        for i, li in enumerate(plan):
-            repaint = i >= len(cfg.levels)
-            if repaint:
+        for i, (li, warm) in enumerate(cfg.schedule_plan()):
+            if i >= len(cfg.levels):    # a repaint pass
                 self.params = dict(self.accepted)
                 self.init_colours_from_frames()
                 self._pose_state = self._pose_opt.init(self.params)
-            warm = cfg.warmup_colour_steps if li == 0 or repaint else cfg.colour_steps * 3
             if warm:
                 self.cycle(li, colour_steps=warm)
             n = cfg.cycles_per_level[li]
@@ -1456,9 +1484,14 @@ class CalibrationSession:
                 # the per-Gaussian colours start from the flat ones; a flat appearance is
                 # no match for the painted start on held-out frames, so the first
                 # judgement comes after a textured level
-                self._unflatten_colours(li)
+                paint = (cfg.textured_start == "paint" and li == cfg.flat_colour_levels - 1
+                         and li < last)
+                self._unflatten_colours(li, planes=not paint)
                 if cfg.flat_fixed_cameras == "discard" and li == cfg.flat_colour_levels - 1:
                     self.params = {**self.params, "fixed_deltas": fixed_start}
+                if paint:
+                    # Gaussians seen in no view keep the flat colour just spread to them
+                    self.init_colours_from_frames()
                 self._pose_state = self._pose_opt.init(self.params)   # new objective
                 if li < len(cfg.levels) - 1 and not out_of_time():
                     continue
@@ -1481,17 +1514,19 @@ class CalibrationSession:
         better = self.holdout_residual(mean, level) < self.holdout_residual(last, level)
         return mean if better else last
 
-    def _unflatten_colours(self, level: int) -> None:
+    def _unflatten_colours(self, level: int, planes: bool = True) -> None:
         """Write the flat colours/opacities of `level` into every Gaussian (fresh moments).
 
-        The plane textures are painted afresh from the images at the current estimate.
+        The plane textures are painted afresh from the images at the current estimate
+        (`planes`; off when the caller paints everything next).
         """
         colors, opac = _colours(self.params, self.static, level)
         self.params = {**self.params,
                        "color_logits": jnp.asarray(_logit(np.asarray(colors)), jnp.float32),
                        "opacity_logits": jnp.asarray(_logit(np.asarray(opac)), jnp.float32)}
         self._colour_state = self._colour_opt.init(self.params)
-        self.init_plane_textures()
+        if planes:
+            self.init_plane_textures()
 
     def set_start(self, joint_offsets: dict[str, float] | None = None,
                   camera_poses: dict[str, np.ndarray] | None = None) -> None:

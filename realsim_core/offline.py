@@ -36,7 +36,12 @@ class OfflineOptions:
     seed: int = 0
     progress: bool = True
     plane_edges: str = "hard"         # CalibrationConfig.plane_edges
-    repaint_passes: int = 0           # CalibrationConfig.repaint_passes
+    textured_start: str = "paint"     # CalibrationConfig.textured_start: the last level's
+                                      # colours painted afresh at the flat level's estimate
+    last_level_cycles: int = 20       # cycles of the last level and of each repaint pass
+                                      # (times steps_scale; the engine's default is 10)
+    repaint_passes: int = 1           # CalibrationConfig.repaint_passes (docs/calibration.md
+                                      # "Session 21" has the σ sweep of these three)
     wrist_weight: float = 0.3         # CalibrationConfig.wrist_weight: wrist images in pose
                                       # steps. The engine's default is the paper's 0.1; over
                                       # the σ sweep 0.3 was better in 11 of 12 runs
@@ -102,11 +107,12 @@ def calibration_config(opts: OfflineOptions):
     from realsim_core.calibration import CalibrationConfig
 
     base = CalibrationConfig()
-    cycles = tuple(max(1, round(c * opts.steps_scale)) for c in base.cycles_per_level)
     n = len(opts.levels)
-    return base.replace(levels=opts.levels, cycles_per_level=cycles[-n:], seed=opts.seed,
+    cycles = base.cycles_per_level[-n:][:-1] + (opts.last_level_cycles,)
+    cycles = tuple(max(1, round(c * opts.steps_scale)) for c in cycles)
+    return base.replace(levels=opts.levels, cycles_per_level=cycles, seed=opts.seed,
                         flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
-                        plane_edges=opts.plane_edges,
+                        plane_edges=opts.plane_edges, textured_start=opts.textured_start,
                         repaint_passes=opts.repaint_passes,
                         wrist_weight=opts.wrist_weight).with_overrides(opts.settings)
 
@@ -167,10 +173,7 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
     t_load = time.monotonic() - t0
     start_params = dict(session.params)
     cfg = session.cfg
-    total = cfg.warmup_colour_steps + sum(
-        c * (cfg.colour_steps + cfg.pose_steps) + (cfg.colour_steps * 3 if i else 0)
-        for i, c in enumerate(cfg.cycles_per_level))
-    bar = _Progress(opts.progress, total)
+    bar = _Progress(opts.progress, cfg.schedule_steps())
     try:
         m = session.run(time_budget_s=opts.time_budget_s, callback=bar)
     finally:

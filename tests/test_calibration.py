@@ -584,6 +584,62 @@ def test_flat_level_fixed_camera_moves_are_discarded_on_request(setup):
         cfg.replace(flat_colour_levels=3)
 
 
+@pytest.mark.parametrize("start", ["flat", "paint"])
+def test_textured_start_paints_the_first_textured_level_at_the_flat_estimate(
+        setup, monkeypatch, start):
+    """The first textured level starts from colours painted at the flat estimate, or not.
+
+    "paint": after the flat level the colours are painted from the images at the flat
+    level's estimate, then warmed up for warmup_colour_steps; "flat" keeps the flat colours
+    spread to every Gaussian (and the short warm-up of a later level).
+    """
+    rig, s0, qs = setup
+    cfg = s0.cfg.replace(levels=(1, 1), cycles_per_level=(3, 1), flat_colour_levels=1,
+                         flat_static=True, textured_start=start, pose_steps=2,
+                         warmup_colour_steps=5, colour_steps=1, optimise_joints=False,
+                         lr_warmup_steps=0, lr_final_fraction=1.0)
+    gauss = C.rig_gaussians(load_mjmodel(rig), N_GAUSS, seed=0, exclude_planes=False)
+    s = C.CalibrationSession(rig, load_mjmodel(rig), s0.full_intrinsics, gauss, cfg,
+                             max_frames=N_FRAMES)
+    truth = _fresh(s)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[0, :3] = [0.006, -0.004, 0.005]
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    _reset(s, truth, qs)
+    painted, cycles = [], []
+    real_init, real_cycle = s.init_colours_from_frames, s.cycle
+
+    def init_colours(*a, **k):
+        before = np.asarray(s.params["color_logits"]).copy()
+        real_init(*a, **k)
+        changed = np.abs(np.asarray(s.params["color_logits"]) - before).max(axis=-1) > 1e-3
+        painted.append((np.asarray(s.params["fixed_deltas"]).copy(), changed.mean()))
+
+    def cycle(level=None, colour_steps=None):
+        cycles.append((level, colour_steps))
+        return real_cycle(level, colour_steps)
+
+    monkeypatch.setattr(s, "init_colours_from_frames", init_colours)
+    monkeypatch.setattr(s, "cycle", cycle)
+    flat_end = []
+    s.run(callback=lambda m: m.level == 0 and flat_end.append(
+        np.asarray(s.params["fixed_deltas"]).copy()))
+    # the flat level's warm-up, its 3 cycles, then the textured level's warm-up and cycle
+    warm = 5 if start == "paint" else 3 * cfg.colour_steps
+    assert cycles == [(0, 5), (0, None), (0, None), (0, None), (1, warm), (1, None)]
+    assert cfg.schedule_plan() == [(0, 5), (1, warm)]
+    assert s.metrics.steps == cfg.schedule_steps()     # what the progress bar counts to
+    if start == "flat":
+        assert painted == []        # init_colours=False: nothing paints in this schedule
+        return
+    (pose, share), = painted
+    assert np.abs(pose).max() > 0   # painted at the flat level's (moved) estimate ...
+    np.testing.assert_allclose(pose, flat_end[-1])     # ... its last iterate (no averaging)
+    assert share > 0.5              # most Gaussians got a colour from the images
+    with pytest.raises(C.RealsimError, match="textured_start"):
+        cfg.replace(textured_start="painted")
+
+
 def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_level(
         setup, monkeypatch):
     rig, s, qs = setup

@@ -31,9 +31,14 @@ def add_parser(sub) -> None:
                    help="outline of the table top: hard (no pose gradient; default), soft "
                         "(anti-aliased, its edge pulls the camera poses), textured (soft after "
                         "the flat levels); see docs/calibration.md")
-    p.add_argument("--repaint-passes", type=int, default=0, metavar="N",
+    p.add_argument("--textured-start", choices=("paint", "flat"), default="paint",
+                   help="colours of the first level after the flat ones: painted afresh from "
+                        "the images at the flat level's estimate (default), or the flat "
+                        "colours spread to every Gaussian")
+    p.add_argument("--repaint-passes", type=int, default=1, metavar="N",
                    help="after the schedule, repaint the colours at the estimate and run the "
-                        "last level again, N times (default 0)")
+                        "last level again, N times (default 1; 0 is ~1/3 faster, see "
+                        "docs/calibration.md)")
     p.add_argument("--wrist-weight", type=float, default=0.3, metavar="W",
                    help="weight of the wrist cameras' images in pose steps, fixed cameras "
                         "1.0 (default 0.3; the paper's 0.1 measured worse offline, see "
@@ -94,6 +99,7 @@ def run(args) -> int:
                           time_budget_s=args.time_budget, steps_scale=args.steps, levels=levels,
                           flat_levels=args.flat_levels, plane_edges=args.plane_edges,
                           repaint_passes=args.repaint_passes,
+                          textured_start=args.textured_start,
                           wrist_weight=args.wrist_weight, settings=tuple(settings),
                           seed=args.seed, progress=not args.no_progress,
                           objects=args.objects, object_steps=args.object_steps,
