@@ -36,8 +36,8 @@ class OfflineOptions:
     seed: int = 0
     progress: bool = True
     plane_edges: str = "hard"         # CalibrationConfig.plane_edges
-    textured_start: str = "paint"     # CalibrationConfig.textured_start: the last level's
-                                      # colours painted afresh at the flat level's estimate
+    textured_start: str = "paint"     # CalibrationConfig.textured_start: the first textured
+                                      # level's colours painted afresh at the flat estimate
     last_level_cycles: int = 20       # cycles of the last level and of each repaint pass
                                       # (times steps_scale; the engine's default is 10)
     repaint_passes: int = 1           # CalibrationConfig.repaint_passes (docs/calibration.md
