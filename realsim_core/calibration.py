@@ -237,11 +237,18 @@ class CalibrationConfig:
         last = len(self.levels) - 1
         plan = []
         for i, li in enumerate(list(range(len(self.levels))) + [last] * self.repaint_passes):
-            painted = (self.textured_start == "paint" and 0 < self.flat_colour_levels == li
-                       and i < len(self.levels))
-            fresh = li == 0 or i >= len(self.levels) or painted
+            fresh = li == 0 or i >= len(self.levels) or li == self.painted_level()
             plan.append((li, self.warmup_colour_steps if fresh else self.colour_steps * 3))
         return plan
+
+    def painted_level(self) -> int | None:
+        """Index of the level whose colours are painted at the flat levels' estimate.
+
+        The first textured level with textured_start="paint"; None otherwise.
+        """
+        if self.textured_start == "paint" and 0 < self.flat_colour_levels < len(self.levels):
+            return self.flat_colour_levels
+        return None
 
     def schedule_steps(self) -> int:
         """Optimiser steps of the whole schedule (what a progress bar counts to)."""
@@ -1450,7 +1457,6 @@ class CalibrationSession:
 
         self.start()
         fixed_start = self.params["fixed_deltas"]
-        last = len(cfg.levels) - 1
         # the levels, then `repaint_passes` more runs of the last level from colours
         # repainted at the accepted estimate (painted colours hold the misregistration of
         # the poses they were painted at; a better estimate paints better ones)
@@ -1484,8 +1490,7 @@ class CalibrationSession:
                 # the per-Gaussian colours start from the flat ones; a flat appearance is
                 # no match for the painted start on held-out frames, so the first
                 # judgement comes after a textured level
-                paint = (cfg.textured_start == "paint" and li == cfg.flat_colour_levels - 1
-                         and li < last)
+                paint = cfg.painted_level() == li + 1
                 self._unflatten_colours(li, planes=not paint)
                 if cfg.flat_fixed_cameras == "discard" and li == cfg.flat_colour_levels - 1:
                     self.params = {**self.params, "fixed_deltas": fixed_start}
