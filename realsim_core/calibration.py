@@ -29,7 +29,6 @@ import dataclasses
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -293,6 +292,23 @@ class RigGaussians(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- helpers
+def nanmedian_views(stack: np.ndarray) -> np.ndarray:
+    """Median over axis 0 ignoring NaN -> stack[0]'s shape; NaN where every view is NaN.
+
+    The same values as `np.nanmedian(stack, axis=0)` (the two middle values' mean for an
+    even count, summed in the input dtype), without its masked-array sort: one plain sort
+    (NaN sorts last) and a gather, ~10x faster on the painting stacks (views x points x 3).
+    """
+    s = np.sort(stack, axis=0)
+    n = np.sum(~np.isnan(stack), axis=0)
+    lo = np.maximum((n - 1) // 2, 0)[None]
+    hi = np.maximum(n // 2, 0)[None]
+    a = np.take_along_axis(s, lo, axis=0)[0]
+    b = np.take_along_axis(s, hi, axis=0)[0]
+    med = (a + b) / np.asarray(2, s.dtype) if s.dtype.kind == "f" else (a + b) / 2
+    return np.where(n > 0, med, np.nan)
+
+
 def _logit(p):
     p = np.clip(p, 1e-4, 1 - 1e-4)
     return np.log(p / (1 - p))
@@ -328,6 +344,10 @@ def world_gaussians(g: RigGaussians, bodies):
     means = jnp.einsum("nij,nj->ni", T[:, :3, :3], g.means) + T[:, :3, 3]
     quats = _quat_mul_xyzw(_rot_to_quat_xyzw(T[:, :3, :3]), g.quats)
     return means, quats
+
+
+# placed Gaussians for a batch of frames (painting colours; one compile per shape)
+_world_gaussians_batch = jax.jit(jax.vmap(world_gaussians, in_axes=(None, 0)))
 
 
 # ----------------------------------------------------------------------------- state
@@ -1303,11 +1323,14 @@ class CalibrationSession:
         and the colour steps take care of it).
         """
         st = self.static
+        # host copies once: indexing the device buffers per view costs a dispatch each
+        valid = np.asarray(self.bufs.valid)
+        images = [np.asarray(a) for a in self.bufs.images[level]]
         cols = []
         for bi, f in enumerate(idx):
             pts = points(bi)
             for c, it in enumerate(st.intrinsics[level]):
-                if float(self.bufs.valid[f, c]) == 0:
+                if valid[f, c] == 0:
                     continue
                 T = cams[bi, c]
                 ok = np.ones(len(pts), bool) if use_camera is None else use_camera(c, T)
@@ -1320,15 +1343,13 @@ class CalibrationSession:
                 ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
                 vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
                 ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
-                img = np.asarray(self.bufs.images[level][c][f])
+                img = images[c][f]
                 col = np.full((len(pts), 3), np.nan, np.float32)
                 col[ok] = img[vi[ok], ui[ok]]
                 cols.append(col)
         if not cols:
             return np.full((len(points(0)), 3), np.nan)
-        with warnings.catch_warnings():  # points seen by no camera: all-NaN columns
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmedian(np.stack(cols), axis=0)
+        return nanmedian_views(np.stack(cols))
 
     @staticmethod
     def _logits_where_seen(logits, med) -> jnp.ndarray:
@@ -1348,8 +1369,7 @@ class CalibrationSession:
         if views is None:
             return
         idx, bodies, cams, level = views
-        means, _ = jax.jit(jax.vmap(world_gaussians, in_axes=(None, 0)))(self.static.gauss,
-                                                                          bodies)
+        means, _ = _world_gaussians_batch(self.static.gauss, bodies)
         means = np.asarray(means, np.float64)                     # [B, N, 3]
         own = None if self.static.own is None else np.asarray(self.static.own) > 0
         med = self._median_colours(lambda bi: means[bi], idx, cams, level,
@@ -1373,12 +1393,13 @@ class CalibrationSession:
         st = self.static
         if st.planes is not None:
             logits = np.asarray(self.params["plane_logits"]).copy()
+            paint = np.asarray(st.plane_paint)
             for pi in range(logits.shape[0]):
                 pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
                 lifted = jnp.asarray(pts + 2e-3 * st.planes.normal[pi], jnp.float32)
 
                 def usable(c, T, lifted=lifted):
-                    if float(st.plane_paint[c]) == 0:
+                    if paint[c] == 0:
                         return np.zeros(len(lifted), bool)
                     return ~np.asarray(occluded_by_planes(st.planes, lifted,
                                                           jnp.asarray(T[:3, 3], jnp.float32)))

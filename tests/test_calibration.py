@@ -471,6 +471,28 @@ def test_pose_average_is_the_tail_mean_of_the_iterates():
     assert one.apply(p) is p                                   # a single iterate: unchanged
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nanmedian_views_equals_numpy_nanmedian(dtype):
+    """The painting median: numpy's nanmedian values, odd and even counts, unseen points."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    for views in (1, 2, 7, 32):
+        x = rng.random((views, 5000, 3)).astype(dtype)
+        x[rng.random((views, 5000)) < 0.6] = np.nan      # whole points unseen in a view
+        x[:, :10] = np.nan                               # seen nowhere
+        x[1:, 10:20] = 0.25                              # seen by every view but the first,
+        x[0, 10:20, 1] = np.nan                          # which lacks one channel
+        with warnings.catch_warnings():                  # all-NaN columns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = np.nanmedian(x, axis=0)
+        got = C.nanmedian_views(x)
+        assert got.dtype == ref.dtype
+        np.testing.assert_array_equal(got, ref)          # NaN where ref is NaN, else equal
+        assert np.isnan(got[:10]).all()
+        assert np.isfinite(got[10:20]).all() == (views > 1)
+
+
 def test_wrist_views_weigh_fully_in_colour_steps_and_little_in_pose_steps(setup):
     """Pose steps: wrist 0.1 / fixed 1.0 (paper); colour steps and held-out L1: all 1.0."""
     rig, s, qs = setup
