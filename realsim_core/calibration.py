@@ -301,12 +301,9 @@ def nanmedian_views(stack: np.ndarray) -> np.ndarray:
     """
     s = np.sort(stack, axis=0)
     n = np.sum(~np.isnan(stack), axis=0)
-    lo = np.maximum((n - 1) // 2, 0)[None]
-    hi = np.maximum(n // 2, 0)[None]
-    a = np.take_along_axis(s, lo, axis=0)[0]
-    b = np.take_along_axis(s, hi, axis=0)[0]
-    med = (a + b) / np.asarray(2, s.dtype) if s.dtype.kind == "f" else (a + b) / 2
-    return np.where(n > 0, med, np.nan)
+    a = np.take_along_axis(s, np.maximum((n - 1) // 2, 0)[None], axis=0)[0]
+    b = np.take_along_axis(s, (n // 2)[None], axis=0)[0]
+    return np.where(n > 0, (a + b) / s.dtype.type(2), np.nan)
 
 
 def _logit(p):
@@ -1323,14 +1320,14 @@ class CalibrationSession:
         and the colour steps take care of it).
         """
         st = self.static
-        # host copies once: indexing the device buffers per view costs a dispatch each
-        valid = np.asarray(self.bufs.valid)
-        images = [np.asarray(a) for a in self.bufs.images[level]]
+        # the painting frames on the host once (per-view device indexing costs a dispatch each)
+        valid = np.asarray(self.bufs.valid)[idx]
+        images = [np.asarray(a[jnp.asarray(idx)]) for a in self.bufs.images[level]]
         cols = []
-        for bi, f in enumerate(idx):
+        for bi in range(len(idx)):
             pts = points(bi)
             for c, it in enumerate(st.intrinsics[level]):
-                if valid[f, c] == 0:
+                if valid[bi, c] == 0:
                     continue
                 T = cams[bi, c]
                 ok = np.ones(len(pts), bool) if use_camera is None else use_camera(c, T)
@@ -1343,7 +1340,7 @@ class CalibrationSession:
                 ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
                 vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
                 ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
-                img = images[c][f]
+                img = images[c][bi]
                 col = np.full((len(pts), 3), np.nan, np.float32)
                 col[ok] = img[vi[ok], ui[ok]]
                 cols.append(col)
