@@ -93,7 +93,10 @@ class CalibrationConfig:
                                                  # flat ones spread to every Gaussian
                                                  # ("flat"), or painted afresh from the
                                                  # images at the flat levels' estimate
-                                                 # ("paint", then warmup_colour_steps)
+                                                 # ("paint", then painted_warmup_steps)
+    painted_warmup_steps: int | None = None      # colour warm-up of the painted level's
+                                                 # first pass (None: warmup_colour_steps);
+                                                 # its colours already fit the images
     repaint_passes: int = 0                      # after the schedule: repaint every colour
                                                  # at the accepted estimate and run the last
                                                  # level again, this many times (each judged
@@ -195,6 +198,9 @@ class CalibrationConfig:
         if self.mounted_world_joints < 0:
             raise RealsimError(f"mounted_world_joints must be >= 0, got "
                                f"{self.mounted_world_joints}")
+        if self.painted_warmup_steps is not None and self.painted_warmup_steps < 0:
+            raise RealsimError(f"painted_warmup_steps must be >= 0 or none, got "
+                               f"{self.painted_warmup_steps}")
         if self.repaint_passes < 0:
             raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
         if self.plane_edges not in ("soft", "textured", "hard"):
@@ -230,14 +236,21 @@ class CalibrationConfig:
 
         The levels coarse to fine, then `repaint_passes` more runs of the last level. A
         pass starts with `warmup_colour_steps` where its colours are new (the first
-        level, a repaint, the textured level after the flat ones with
-        textured_start="paint"), otherwise with three cycles' worth of colour steps.
+        level, a repaint), with `painted_warmup_steps` (if set) at the textured level
+        painted after the flat ones (textured_start="paint"), otherwise with three
+        cycles' worth of colour steps.
         """
         last = len(self.levels) - 1
+        painted = self.painted_level()
         plan = []
         for i, li in enumerate(list(range(len(self.levels))) + [last] * self.repaint_passes):
-            fresh = li == 0 or i >= len(self.levels) or li == self.painted_level()
-            plan.append((li, self.warmup_colour_steps if fresh else self.colour_steps * 3))
+            if i == painted and self.painted_warmup_steps is not None:
+                warm = self.painted_warmup_steps
+            elif li == 0 or i >= len(self.levels) or li == painted:
+                warm = self.warmup_colour_steps
+            else:
+                warm = self.colour_steps * 3
+            plan.append((li, warm))
         return plan
 
     def painted_level(self) -> int | None:
@@ -271,7 +284,8 @@ class CalibrationConfig:
         return self.prior_weight
 
 
-_OPTIONAL_SETTINGS = ("prior_weight_last",)     # CalibrationConfig fields that may be None
+# CalibrationConfig fields that may be None
+_OPTIONAL_SETTINGS = ("prior_weight_last", "painted_warmup_steps")
 
 
 class RigGaussians(NamedTuple):

@@ -38,6 +38,7 @@ class OfflineOptions:
     plane_edges: str = "hard"         # CalibrationConfig.plane_edges
     textured_start: str = "paint"     # CalibrationConfig.textured_start: the first textured
                                       # level's colours painted afresh at the flat estimate
+    painted_warmup_steps: int | None = None  # CalibrationConfig.painted_warmup_steps
     last_level_cycles: int = 20       # cycles of the last level and of each repaint pass
                                       # (times steps_scale; the engine's default is 10)
     repaint_passes: int = 1           # CalibrationConfig.repaint_passes (docs/calibration.md
@@ -114,6 +115,7 @@ def calibration_config(opts: OfflineOptions):
                         flat_colour_levels=max(0, min(opts.flat_levels, n - 1)),
                         plane_edges=opts.plane_edges, textured_start=opts.textured_start,
                         repaint_passes=opts.repaint_passes,
+                        painted_warmup_steps=opts.painted_warmup_steps,
                         wrist_weight=opts.wrist_weight).with_overrides(opts.settings)
 
 

@@ -13,8 +13,13 @@ import difflib
 from realsim_core.errors import RealsimError
 
 
-def parse_setting(key: str, text: str, current, optional: tuple = (), what: str = "setting"):
-    """`text` as a value of `current`'s type; `optional`: field names that may be None."""
+def parse_setting(key: str, text: str, current, optional: tuple = (), what: str = "setting",
+                  annotation: str = ""):
+    """`text` as a value of `current`'s type; `optional`: field names that may be None.
+
+    A field whose current value is None is read as its `annotation` says (`int | None`:
+    an integer), otherwise as a float.
+    """
     t = text.strip()
     try:
         if t.lower() == "none":
@@ -28,13 +33,14 @@ def parse_setting(key: str, text: str, current, optional: tuple = (), what: str 
         if isinstance(current, tuple):
             kind = type(current[0]) if current else float
             return tuple(kind(x) for x in t.split(",") if x.strip())
-        if isinstance(current, int):
+        if isinstance(current, int) or (current is None and str(annotation).startswith("int")):
             return int(t)
         if isinstance(current, float) or current is None:
             return float(t)
         return t
     except ValueError:
-        want = ("none or a number" if key in optional or current is None
+        want = ("none or an integer" if str(annotation).startswith("int") and current is None
+                else "none or a number" if key in optional or current is None
                 else type(current).__name__)
         raise RealsimError(f"{what} {key}: cannot read {text!r} as {want}") from None
 
@@ -45,12 +51,13 @@ def with_overrides(cfg, pairs, optional: tuple = (), what: str = "setting"):
     Unknown names raise RealsimError with the nearest field name; the copy is built with
     `dataclasses.replace`, so the config's own validation (`__post_init__`) runs.
     """
-    names = {f.name for f in dataclasses.fields(cfg)}
+    annotations = {f.name: f.type for f in dataclasses.fields(cfg)}
+    names = set(annotations)
     kw = {}
     for key, text in pairs:
         if key not in names:
             close = difflib.get_close_matches(key, sorted(names), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise RealsimError(f"unknown {what} {key!r}{hint}")
-        kw[key] = parse_setting(key, text, getattr(cfg, key), optional, what)
+        kw[key] = parse_setting(key, text, getattr(cfg, key), optional, what, annotations[key])
     return dataclasses.replace(cfg, **kw)

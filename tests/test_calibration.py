@@ -606,20 +606,23 @@ def test_flat_level_fixed_camera_moves_are_discarded_on_request(setup):
         cfg.replace(flat_colour_levels=3)
 
 
-@pytest.mark.parametrize("start", ["flat", "paint"])
+@pytest.mark.parametrize("start,painted_warmup", [("flat", None), ("paint", None),
+                                                   ("paint", 2)])
 def test_textured_start_paints_the_first_textured_level_at_the_flat_estimate(
-        setup, monkeypatch, start):
+        setup, monkeypatch, start, painted_warmup):
     """The first textured level starts from colours painted at the flat estimate, or not.
 
     "paint": after the flat level the colours are painted from the images at the flat
-    level's estimate, then warmed up for warmup_colour_steps; "flat" keeps the flat colours
-    spread to every Gaussian (and the short warm-up of a later level).
+    level's estimate, then warmed up for painted_warmup_steps (None: warmup_colour_steps);
+    "flat" keeps the flat colours spread to every Gaussian (and the short warm-up of a
+    later level).
     """
     rig, s0, qs = setup
     cfg = s0.cfg.replace(levels=(1, 1), cycles_per_level=(3, 1), flat_colour_levels=1,
                          flat_static=True, textured_start=start, pose_steps=2,
                          warmup_colour_steps=5, colour_steps=1, optimise_joints=False,
-                         lr_warmup_steps=0, lr_final_fraction=1.0)
+                         lr_warmup_steps=0, lr_final_fraction=1.0,
+                         painted_warmup_steps=painted_warmup)
     gauss = C.rig_gaussians(load_mjmodel(rig), N_GAUSS, seed=0, exclude_planes=False)
     s = C.CalibrationSession(rig, load_mjmodel(rig), s0.full_intrinsics, gauss, cfg,
                              max_frames=N_FRAMES)
@@ -647,7 +650,8 @@ def test_textured_start_paints_the_first_textured_level_at_the_flat_estimate(
     s.run(callback=lambda m: m.level == 0 and flat_end.append(
         np.asarray(s.params["fixed_deltas"]).copy()))
     # the flat level's warm-up, its 3 cycles, then the textured level's warm-up and cycle
-    warm = 5 if start == "paint" else 3 * cfg.colour_steps
+    warm = (3 * cfg.colour_steps if start == "flat" else
+            5 if painted_warmup is None else painted_warmup)
     assert cycles == [(0, 5), (0, None), (0, None), (0, None), (1, warm), (1, None)]
     assert cfg.schedule_plan() == [(0, 5), (1, warm)]
     assert s.metrics.steps == cfg.schedule_steps()     # what the progress bar counts to
@@ -660,6 +664,29 @@ def test_textured_start_paints_the_first_textured_level_at_the_flat_estimate(
     assert share > 0.5              # most Gaussians got a colour from the images
     with pytest.raises(C.RealsimError, match="textured_start"):
         cfg.replace(textured_start="painted")
+
+
+def test_painted_warmup_steps_shortens_only_the_painted_levels_first_pass():
+    """`painted_warmup_steps` sets the painted level's warm-up, and only that.
+
+    The first level and the repaint passes (colours painted afresh, not yet fitted) keep
+    warmup_colour_steps; without a painted level the setting does nothing.
+    """
+    base = C.CalibrationConfig(levels=(2, 1), cycles_per_level=(20, 20), flat_colour_levels=1,
+                               textured_start="paint", repaint_passes=2,
+                               warmup_colour_steps=60, colour_steps=4, pose_steps=4)
+    assert base.schedule_plan() == [(0, 60), (1, 60), (1, 60), (1, 60)]
+    short = base.with_overrides([("painted_warmup_steps", "30")])
+    assert short.painted_warmup_steps == 30 and isinstance(short.painted_warmup_steps, int)
+    assert short.schedule_plan() == [(0, 60), (1, 30), (1, 60), (1, 60)]
+    assert base.schedule_steps() - short.schedule_steps() == 30
+    flat = short.replace(textured_start="flat")          # no painted level
+    assert flat.schedule_plan() == [(0, 60), (1, 12), (1, 60), (1, 60)]
+    assert short.with_overrides([("painted_warmup_steps", "none")]) == base
+    with pytest.raises(C.RealsimError, match="painted_warmup_steps.*integer"):
+        base.with_overrides([("painted_warmup_steps", "3.5")])
+    with pytest.raises(C.RealsimError, match="painted_warmup_steps must be >= 0"):
+        base.replace(painted_warmup_steps=-1)
 
 
 def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_level(
