@@ -21,6 +21,7 @@ def parse_setting(key: str, text: str, current, optional: tuple = (), what: str 
     an integer), otherwise as a float.
     """
     t = text.strip()
+    int_or_none = current is None and str(annotation).startswith("int")
     try:
         if t.lower() == "none":
             if current is None or key in optional:
@@ -33,13 +34,13 @@ def parse_setting(key: str, text: str, current, optional: tuple = (), what: str 
         if isinstance(current, tuple):
             kind = type(current[0]) if current else float
             return tuple(kind(x) for x in t.split(",") if x.strip())
-        if isinstance(current, int) or (current is None and str(annotation).startswith("int")):
+        if isinstance(current, int) or int_or_none:
             return int(t)
         if isinstance(current, float) or current is None:
             return float(t)
         return t
     except ValueError:
-        want = ("none or an integer" if str(annotation).startswith("int") and current is None
+        want = ("none or an integer" if int_or_none
                 else "none or a number" if key in optional or current is None
                 else type(current).__name__)
         raise RealsimError(f"{what} {key}: cannot read {text!r} as {want}") from None
