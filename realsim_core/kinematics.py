@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -134,8 +135,15 @@ def build_kinematic_model(rig: Rig, model: mujoco.MjModel) -> KinematicModel:
             return jnp.zeros((0, 4, 4), f32)
         return jnp.asarray(np.stack([c.nominal for c in cams]), f32)
 
+    with warnings.catch_warnings():
+        # put_model warns about meshes with large coplanar faces: a cost of MJX's collision
+        # detection, which realsim never runs (forward kinematics only). A real-mesh rig
+        # (gym-aloha's ViperX) printed five of these per model build.
+        warnings.filterwarnings("ignore", message=r"Mesh .* has a coplanar face",
+                                category=UserWarning)
+        mjx_model = mjx.put_model(model)
     return KinematicModel(
-        mjx_model=mjx.put_model(model),
+        mjx_model=mjx_model,
         qpos_base=jnp.asarray(lay.qpos_base, f32),
         joint_map=jnp.asarray(lay.A, f32),
         fixed_nominal=stack(fixed),
