@@ -411,6 +411,13 @@ class Metrics:
     level: int = 0
     steps_per_s: float = 0.0
     history: list = field(default_factory=list)   # (step, loss, holdout) tuples
+    # one per acceptance test: (label, step, the candidate's held-out L1, accepted)
+    judgements: list = field(default_factory=list)
+
+
+# the online node tests an estimate every few seconds for as long as it runs: its metrics
+# keep the latest this many acceptance tests
+MAX_HISTORY = 10000
 
 
 def _se3_log_translation(t: np.ndarray, phi: np.ndarray) -> np.ndarray:
@@ -1450,12 +1457,13 @@ class CalibrationSession:
         for _ in range(self.cfg.pose_steps):
             self._do(fn, True)
 
-    def try_accept(self) -> bool:
+    def try_accept(self, label: str = "") -> bool:
         """Accept the current parameters iff the held-out L1 did not get worse.
 
         First (`camera_guard`), a camera whose rendered silhouette fits the image edges
         better at its accepted pose keeps that pose. Otherwise roll back to the accepted
-        estimate (optimiser state reset). Returns whether the estimate was accepted.
+        estimate (optimiser state reset). Returns whether the estimate was accepted;
+        `label` names the estimate in `metrics.judgements`.
         """
         m = self.metrics
         if self.cfg.camera_guard and self.cfg.optimise_cameras:
@@ -1475,6 +1483,8 @@ class CalibrationSession:
             self.restart_optimiser()
             m.rejected += 1
         m.history.append((m.steps, m.loss, m.holdout_l1))
+        m.judgements.append((label, m.steps, float(res), ok))
+        del m.history[:-MAX_HISTORY], m.judgements[:-MAX_HISTORY]
         return ok
 
     def run(self, time_budget_s: float | None = None,
@@ -1493,6 +1503,8 @@ class CalibrationSession:
         # repainted at the accepted estimate (painted colours hold the misregistration of
         # the poses they were painted at; a better estimate paints better ones)
         for i, (li, warm) in enumerate(cfg.schedule_plan()):
+            label = (f"level {li + 1}/{len(cfg.levels)}" if i < len(cfg.levels)
+                     else f"repaint {i - len(cfg.levels) + 1}")
             if i >= len(cfg.levels):    # a repaint pass
                 self.params = dict(self.accepted)
                 self.init_colours_from_frames()
@@ -1532,7 +1544,7 @@ class CalibrationSession:
                 self._pose_state = self._pose_opt.init(self.params)   # new objective
                 if li < len(cfg.levels) - 1 and not out_of_time():
                     continue
-            self.try_accept()           # this level's estimate, judged on held-out frames
+            self.try_accept(label)      # this level's estimate, judged on held-out frames
             if out_of_time():
                 break
         self.lr_scale = 1.0

@@ -97,8 +97,9 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
     rows = "".join(
         f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
         for k, v in metrics.items()
-        if k not in ("history", "evaluation", "evaluation_nominal", "evaluation_table",
-                     "evaluation_table_nominal", "edge_distance_px_start", "edge_distance_px"))
+        if k not in ("history", "judgements", "evaluation", "evaluation_nominal",
+                     "evaluation_table", "evaluation_table_nominal", "edge_distance_px_start",
+                     "edge_distance_px"))
     parts = [
         "<!doctype html><meta charset='utf-8'><title>realsim calibration report</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
@@ -107,6 +108,16 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
         f"<table>{rows}</table>",
         "<h2>Loss</h2>", f"<img src='{loss_figure(metrics.get('history', []))}'>",
     ]
+    if metrics.get("judgements"):
+        cells = "".join(
+            f"<tr><td>{html.escape(str(j['estimate']))}</td><td>{j['step']}</td>"
+            f"<td>{j['holdout_l1']:.5f}</td><td>{'accepted' if j['accepted'] else 'rejected'}"
+            "</td></tr>" for j in metrics["judgements"])
+        parts += ["<h2>Acceptance tests</h2>",
+                  "<p>Each estimate is compared with the accepted one on the held-out frames "
+                  "(photometric L1); a rejected estimate is discarded.</p>",
+                  "<table><tr><th>estimate</th><th>step</th><th>held-out L1</th>"
+                  "<th>verdict</th></tr>", cells, "</table>"]
     if "evaluation_table" in metrics:
         parts += ["<h2>Against ground truth</h2><h3>start (nominal)</h3><pre>",
                   html.escape(metrics["evaluation_table_nominal"]),

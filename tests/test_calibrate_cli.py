@@ -55,9 +55,20 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert m["edge_distance_px"]["cam_high"] is not None     # the fixed views see the robot
     assert (f"cam_high {m['edge_distance_px_start']['cam_high']:.3f} -> "
             f"{m['edge_distance_px']['cam_high']:.3f}") in res.stdout
+    # every acceptance test on the terminal and in metrics.json: the level, then each
+    # repaint pass, with the verdict the run acted on
+    judged = m["judgements"]
+    assert [j["estimate"] for j in judged] == (
+        ["level 1/1"] + [f"repaint {k + 1}" for k in range(m["config"]["repaint_passes"])])
+    assert sum(j["accepted"] for j in judged) == m["accepted"]
+    assert sum(not j["accepted"] for j in judged) == m["rejected"]
+    accepted_l1 = [j["holdout_l1"] for j in judged if j["accepted"]]
+    assert m["holdout_l1"] == (accepted_l1[-1] if accepted_l1 else m["holdout_l1_start"])
+    assert f"repaint 1 {judged[1]['holdout_l1']:.4f}" in res.stdout
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
     assert "Geometry check" in html and html.count("<tr><td>cam_") >= 4
+    assert "Acceptance tests" in html and html.count("<tr><td>repaint ") == len(judged) - 1
 
 
 def test_calibrate_bad_input_is_one_line(tmp_path):
@@ -104,3 +115,16 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     assert res.stderr.strip().splitlines() == [
         "realsim calibrate: error: cycles_per_level needs one entry per level: levels "
         "(4, 2, 1), cycles_per_level (30, 10)"]
+
+
+def test_judgement_line_names_rejected_estimates():
+    from realsim_core.commands.calibrate import judgement_line
+
+    judged = [{"estimate": "level 2/2", "step": 400, "holdout_l1": 0.05081, "accepted": True},
+              {"estimate": "repaint 1", "step": 600, "holdout_l1": 0.05067, "accepted": True},
+              {"estimate": "repaint 2", "step": 800, "holdout_l1": 0.05088, "accepted": False}]
+    line = judgement_line(judged, camera_reverts=1)
+    assert line.startswith("held-out test (lower is better): level 2/2 0.0508 accepted, "
+                           "repaint 1 0.0507 accepted, repaint 2 0.0509 rejected; ")
+    assert "1 rejected estimate(s) discarded" in line and "camera guard kept 1" in line
+    assert "rejected" not in judgement_line(judged[:2]) and "guard" not in judgement_line(judged)

@@ -706,21 +706,33 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
         painted.append(np.asarray(s.params["fixed_deltas"]).copy())
         return real_init(*a, **k)
 
-    def try_accept():
+    def try_accept(label=""):
         iterate = np.asarray(s.params["fixed_deltas"]).copy()
-        ok = real_accept()
-        judged.append((len(cycles), iterate, np.asarray(s.accepted["fixed_deltas"]).copy()))
+        ok = real_accept(label)
+        judged.append((len(cycles), iterate, np.asarray(s.accepted["fixed_deltas"]).copy(), ok))
         return ok
 
     monkeypatch.setattr(s, "init_colours_from_frames", init_colours)
     monkeypatch.setattr(s, "try_accept", try_accept)
     cycles = []
+    n_judged = len(s.metrics.judgements)
     try:
         s.run(callback=lambda m: cycles.append(m.level))
     finally:
         s.cfg = saved_cfg
     assert cycles == [0, 0, 0, 0]                    # the level, then its repainted pass
     assert [j[0] for j in judged] == [2, 4]          # each pass judged on its own
+    # each test is recorded under its pass's name, with its verdict; an accepted
+    # candidate's held-out L1 becomes the accepted one
+    record = s.metrics.judgements[n_judged:]
+    assert [r[0] for r in record] == ["level 1/1", "repaint 1"]
+    assert [r[3] for r in record] == [j[3] for j in judged]
+    for (_, _, h, ok), (_, iterate, accepted, _) in zip(record, judged):
+        assert np.isfinite(h)
+        assert ok == np.array_equal(iterate, accepted)
+    last_ok = [h for _, _, h, ok in record if ok]
+    if last_ok:
+        assert s.metrics.holdout_l1 == last_ok[-1]
     # the repaint starts from what the first test left accepted (here the first pass is
     # rejected, so that is the start, not the pass's last iterate)
     (start_pose,) = painted                          # this config does not paint at start
