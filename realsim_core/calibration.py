@@ -102,6 +102,12 @@ class CalibrationConfig:
                                                  # level again, this many times (each judged
                                                  # on held-out frames; docs/calibration.md
                                                  # "Session 13")
+    acceptance: str = "fitted"                   # what the held-out test compares: L1 with
+                                                 # each estimate's fitted colours ("fitted"),
+                                                 # or with colours painted from the training
+                                                 # frames at each estimate's poses
+                                                 # ("painted"; painted_holdout_residual),
+                                                 # never above the start's fitted L1
     average_fraction: float = 0.5                # mean of the pose iterates of a level's
                                                  # last cycles replaces the last iterate
                                                  # if its held-out L1 is lower (0 = off)
@@ -206,6 +212,9 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard"):
             raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
                                f"{self.plane_edges!r}")
+        if self.acceptance not in ("fitted", "painted"):
+            raise RealsimError("acceptance must be 'fitted' or 'painted', got "
+                               f"{self.acceptance!r}")
         if self.textured_start not in ("flat", "paint"):
             raise RealsimError("textured_start must be 'flat' or 'paint', got "
                                f"{self.textured_start!r}")
@@ -414,6 +423,9 @@ class Metrics:
     # one per acceptance test: (label, step, the candidate's held-out L1, accepted)
     judgements: list = field(default_factory=list)
 
+
+# training frames painted for `CalibrationSession.painted_holdout_residual`
+PAINTED_JUDGE_FRAMES = 16
 
 # the online node tests an estimate every few seconds for as long as it runs: its metrics
 # keep the latest this many acceptance tests
@@ -893,6 +905,7 @@ class CalibrationSession:
         self._started = False
         self._build_optimisers()
         self.accepted = dict(self.params)
+        self._painted_score = None      # (accepted dict, its painted held-out L1)
 
     # ------------------------------------------------------------------ optimisers
     def _build_optimisers(self):
@@ -1316,16 +1329,18 @@ class CalibrationSession:
     def _build_eval_fn(self, level: int):
         return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
 
-    def _init_views(self, max_frames: int):
-        """Frames for colour initialisation and their poses at the current estimate.
+    def _init_views(self, max_frames: int, params=None, train_only: bool = False):
+        """Frames for colour initialisation and their poses at `params` (default current).
 
+        The first `max_frames` buffered frames (training frames only with `train_only`)
         -> (idx [B], body poses [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level);
         None when no frame is buffered.
         """
-        idx = np.flatnonzero(np.asarray(self.bufs.train | self.bufs.holdout))[:max_frames]
+        mask = self.bufs.train if train_only else self.bufs.train | self.bufs.holdout
+        idx = np.flatnonzero(np.asarray(mask))[:max_frames]
         if idx.size == 0:
             return None
-        p = self.params
+        p = self.params if params is None else params
         poses = kinematics.forward_batch_jit(self.static.km, self.bufs.q[idx],
                                              p["joint_offsets"], p["corrections"][idx],
                                              p["fixed_deltas"], p["mounted_deltas"])
@@ -1377,55 +1392,82 @@ class CalibrationSession:
         out[have] = _logit(med[have])
         return jnp.asarray(out.reshape(np.shape(logits)), jnp.float32)
 
-    def init_colours_from_frames(self, max_frames: int = 8) -> None:
-        """Initialise Gaussian colours (and plane textures) from the images.
+    def painted_params(self, params=None, max_frames: int = 8, train_only: bool = False):
+        """`params` (default current) with colours and plane textures painted at its poses.
 
-        Each Gaussian gets the median of its projections (`_median_colours`); Gaussians
-        seen nowhere keep their colour.
+        Each Gaussian gets the median of its projections into the first `max_frames`
+        buffered frames (`_median_colours`; training frames only with `train_only`), each
+        plane texel the median of its pixels (`_painted_plane_logits`); what is seen
+        nowhere keeps its colour. Returns a new dict; the session is not touched.
         """
-        views = self._init_views(max_frames)
+        p = self.params if params is None else params
+        views = self._init_views(max_frames, p, train_only)
         if views is None:
-            return
+            return dict(p)
         idx, bodies, cams, level = views
         means, _ = _world_gaussians_batch(self.static.gauss, bodies)
         means = np.asarray(means, np.float64)                     # [B, N, 3]
         own = None if self.static.own is None else np.asarray(self.static.own) > 0
         med = self._median_colours(lambda bi: means[bi], idx, cams, level,
                                    None if own is None else lambda c, T: ~own[c])
-        self.params = {**self.params,
-                       "color_logits": self._logits_where_seen(self.params["color_logits"], med)}
-        self._paint_planes(idx, cams, level)
+        out = {**p, "color_logits": self._logits_where_seen(p["color_logits"], med)}
+        if self.static.planes is not None:
+            out["plane_logits"] = self._painted_plane_logits(out["plane_logits"], idx, cams,
+                                                             level)
+        return out
+
+    def init_colours_from_frames(self, max_frames: int = 8) -> None:
+        """Initialise Gaussian colours (and plane textures) from the images.
+
+        `painted_params` at the current estimate, with fresh colour moments.
+        """
+        if self._init_views(max_frames) is None:
+            return
+        self.params = self.painted_params(self.params, max_frames)
+        self._colour_state = self._colour_opt.init(self.params)
 
     def init_plane_textures(self, max_frames: int = 8) -> None:
         """Paint the plane textures from the images at the current estimate."""
         views = self._init_views(max_frames)
         if views is not None and self.static.planes is not None:
             idx, _, cams, level = views
-            self._paint_planes(idx, cams, level)
+            self.params = {**self.params, "plane_logits": self._painted_plane_logits(
+                self.params["plane_logits"], idx, cams, level)}
+            self._colour_state = self._colour_opt.init(self.params)
 
-    def _paint_planes(self, idx, cams, level: int) -> None:
+    def _painted_plane_logits(self, plane_logits, idx, cams, level: int) -> jnp.ndarray:
         """Plane textures: per texel, the median of its pixels over the painting cameras.
 
-        Views where another plane hides the texel are skipped; fresh colour moments.
+        Views where another plane hides the texel are skipped.
         """
         st = self.static
-        if st.planes is not None:
-            logits = np.asarray(self.params["plane_logits"]).copy()
-            paint = np.asarray(st.plane_paint)
-            for pi in range(logits.shape[0]):
-                pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
-                lifted = jnp.asarray(pts + 2e-3 * st.planes.normal[pi], jnp.float32)
+        logits = np.asarray(plane_logits).copy()
+        paint = np.asarray(st.plane_paint)
+        for pi in range(logits.shape[0]):
+            pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
+            lifted = jnp.asarray(pts + 2e-3 * st.planes.normal[pi], jnp.float32)
 
-                def usable(c, T, lifted=lifted):
-                    if paint[c] == 0:
-                        return np.zeros(len(lifted), bool)
-                    return ~np.asarray(occluded_by_planes(st.planes, lifted,
-                                                          jnp.asarray(T[:3, 3], jnp.float32)))
+            def usable(c, T, lifted=lifted):
+                if paint[c] == 0:
+                    return np.zeros(len(lifted), bool)
+                return ~np.asarray(occluded_by_planes(st.planes, lifted,
+                                                      jnp.asarray(T[:3, 3], jnp.float32)))
 
-                med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
-                logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))
-            self.params = {**self.params, "plane_logits": jnp.asarray(logits, jnp.float32)}
-        self._colour_state = self._colour_opt.init(self.params)
+            med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
+            logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))
+        return jnp.asarray(logits, jnp.float32)
+
+    def painted_holdout_residual(self, params=None) -> float:
+        """Held-out L1 of `params`' poses with colours painted from the training frames.
+
+        The colours are the median paint of the first `PAINTED_JUDGE_FRAMES` training
+        frames at these poses (`painted_params`), not fitted ones: poses that put each
+        surface point on the same colour in every training view paint colours that also
+        match the held-out views. No colour fit can lower it.
+        """
+        p = self.params if params is None else params
+        return self.holdout_residual(self.painted_params(p, PAINTED_JUDGE_FRAMES,
+                                                         train_only=True))
 
     def start(self, levels=None) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it.
@@ -1473,19 +1515,35 @@ class CalibrationSession:
                 self._pose_state = self._pose_opt.init(guarded)  # stale moments
                 m.camera_reverts += len(reverted)
         res = self.holdout_residual(self.params)
-        ok = bool(np.isfinite(res) and res <= m.holdout_l1)
+        if self.cfg.acceptance == "painted":
+            score = self.painted_holdout_residual(self.params)
+            ok = bool(np.isfinite(res) and res <= m.holdout_l1_start and np.isfinite(score)
+                      and score <= self._accepted_painted_score())
+        else:
+            score = res
+            ok = bool(np.isfinite(res) and res <= m.holdout_l1)
         if ok:
             self.fit_pair_budget()      # the accepted poses' views fit the pair list
             self.accepted = dict(self.params)
+            self._painted_score = ((self.accepted, score)
+                                   if self.cfg.acceptance == "painted" else None)
             m.holdout_l1 = res
             m.accepted += 1
         else:
             self.restart_optimiser()
             m.rejected += 1
         m.history.append((m.steps, m.loss, m.holdout_l1))
-        m.judgements.append((label, m.steps, float(res), ok))
+        m.judgements.append((label, m.steps, float(score), ok))
         del m.history[:-MAX_HISTORY], m.judgements[:-MAX_HISTORY]
         return ok
+
+    def _accepted_painted_score(self) -> float:
+        """`painted_holdout_residual` of the accepted estimate (kept until it changes)."""
+        cached = self._painted_score
+        if cached is None or cached[0] is not self.accepted:
+            self._painted_score = (self.accepted,
+                                   self.painted_holdout_residual(self.accepted))
+        return self._painted_score[1]
 
     def run(self, time_budget_s: float | None = None,
             callback: Callable[[Metrics], None] | None = None) -> Metrics:

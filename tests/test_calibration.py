@@ -742,6 +742,89 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
         C.CalibrationConfig(repaint_passes=-1)
 
 
+def _reset_with_holdout(session, truth_params, qs):
+    """As _reset, the last frame held out (painted judges need training frames to paint)."""
+    _reset(session, truth_params, qs[:-1])
+    (imgs,) = _render_targets(session, truth_params, qs[-1:])
+    session.add_frame(imgs, qs[-1], holdout=True)
+
+
+def test_painted_params_paints_at_the_given_poses_without_touching_the_session(setup):
+    rig, s, qs = setup
+    truth = _fresh(s)
+    _reset_with_holdout(s, truth, qs)
+    moved = dict(truth, fixed_deltas=truth["fixed_deltas"] + 0.01)
+    before = {k: np.asarray(v).copy() for k, v in s.params.items()}
+    painted = s.painted_params(moved, train_only=True)
+    for k, v in s.params.items():                       # the session is not touched
+        np.testing.assert_array_equal(np.asarray(v), before[k])
+    np.testing.assert_array_equal(np.asarray(painted["fixed_deltas"]),
+                                  np.asarray(moved["fixed_deltas"]))
+    changed = np.any(np.asarray(painted["color_logits"]) != before["color_logits"], axis=-1)
+    assert changed.mean() > 0.3                          # most Gaussians got an image colour
+    # init_colours_from_frames is painted_params at the current estimate, all frames
+    s.params = dict(moved)
+    s.init_colours_from_frames()
+    np.testing.assert_array_equal(np.asarray(s.params["color_logits"]),
+                                  np.asarray(s.painted_params(moved)["color_logits"]))
+    # the held-out frame is used only when asked for: its colours differ from train-only
+    assert not np.array_equal(np.asarray(s.params["color_logits"]),
+                              np.asarray(painted["color_logits"]))
+
+
+def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup):
+    """acceptance="painted" accepts true poses whose colours went astray; "fitted" does not.
+
+    A painted acceptance never passes an estimate above the start's fitted held-out L1.
+    """
+    rig, s, qs = setup
+    truth = _fresh(s)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[0] = [0.006, -0.004, 0.005, 0.004, -0.006, 0.003]        # 8.8 mm, 0.45 deg
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    saved_cfg = s.cfg
+    try:
+        _reset_with_holdout(s, truth, qs)
+        nominal = dict(s.params)                    # nominal poses, the true appearance
+        # colours gone astray wherever the training frames see the Gaussian (the ones
+        # seen nowhere keep their colour in a painting)
+        true_logits = np.asarray(truth["color_logits"])
+        seen = np.any(np.asarray(s.painted_params(truth, C.PAINTED_JUDGE_FRAMES, True)
+                                 ["color_logits"]) != true_logits, axis=-1)
+        assert seen.mean() > 0.3
+        inverted = np.where(seen[..., None], -true_logits, true_logits)    # 1 - colour
+        astray = dict(truth, color_logits=jnp.asarray(inverted, jnp.float32))
+        # the painted score ranks the poses and ignores the estimate's own colours
+        p_truth, p_nominal = s.painted_holdout_residual(truth), s.painted_holdout_residual(
+            nominal)
+        assert p_truth < p_nominal
+        assert s.painted_holdout_residual(astray) == pytest.approx(p_truth, rel=1e-6)
+        fitted_nominal, fitted_astray = s.holdout_residual(nominal), s.holdout_residual(astray)
+        assert fitted_astray > fitted_nominal       # the fitted test prefers the wrong poses
+
+        def judge(mode, start):
+            s.cfg = saved_cfg.replace(acceptance=mode)
+            s.accepted, s.params = dict(nominal), dict(astray)
+            s.metrics = C.Metrics(holdout_l1_start=start, holdout_l1=fitted_nominal)
+            return s.try_accept("candidate")
+
+        assert not judge("fitted", start=1.0)
+        assert s.metrics.judgements == [("candidate", 0, fitted_astray, False)]
+        assert judge("painted", start=1.0)
+        (label, _, score, ok), = s.metrics.judgements
+        assert ok and score == pytest.approx(p_truth, rel=1e-6)
+        assert s.metrics.holdout_l1 == fitted_astray      # the accepted one's fitted L1
+        np.testing.assert_array_equal(np.asarray(s.accepted["fixed_deltas"]), delta)
+        # ... but not above the start's fitted held-out L1
+        assert not judge("painted", start=fitted_astray * 0.99)
+        np.testing.assert_array_equal(np.asarray(s.accepted["fixed_deltas"]),
+                                      np.asarray(nominal["fixed_deltas"]))
+    finally:
+        s.cfg = saved_cfg
+    with pytest.raises(C.RealsimError, match="acceptance"):
+        C.CalibrationConfig(acceptance="painting")
+
+
 def test_stop_request_ends_a_cycle_without_stepping(setup):
     """A node shutting down sets stop_requested; the running cycle's later steps return."""
     _, s, _ = setup
