@@ -749,7 +749,18 @@ def _reset_with_holdout(session, truth_params, qs):
     session.add_frame(imgs, qs[-1], holdout=True)
 
 
-def test_painted_params_paints_at_the_given_poses_without_touching_the_session(setup):
+@pytest.fixture
+def restore_appearance(setup):
+    """Later tests take the session's appearance as their truth (_fresh): keep it."""
+    _, s, _ = setup
+    saved = dict(s.params)
+    yield
+    s.params = saved
+    s.accepted = dict(saved)
+
+
+def test_painted_params_paints_at_the_given_poses_without_touching_the_session(
+        setup, restore_appearance):
     rig, s, qs = setup
     truth = _fresh(s)
     _reset_with_holdout(s, truth, qs)
@@ -772,7 +783,7 @@ def test_painted_params_paints_at_the_given_poses_without_touching_the_session(s
                               np.asarray(painted["color_logits"]))
 
 
-def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup):
+def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, restore_appearance):
     """acceptance="painted" accepts true poses whose colours went astray; "fitted" does not.
 
     A painted acceptance never passes an estimate above the start's fitted held-out L1.
