@@ -102,12 +102,13 @@ class CalibrationConfig:
                                                  # level again, this many times (each judged
                                                  # on held-out frames; docs/calibration.md
                                                  # "Session 13")
-    acceptance: str = "fitted"                   # what the held-out test compares: L1 with
-                                                 # each estimate's fitted colours ("fitted"),
-                                                 # or with colours painted from the training
-                                                 # frames at each estimate's poses
-                                                 # ("painted"; painted_holdout_residual),
-                                                 # never above the start's fitted L1
+    repaint_acceptance: str = "fitted"           # what judges a repaint pass on held-out
+                                                 # frames: L1 with each estimate's fitted
+                                                 # colours ("fitted"), or with colours
+                                                 # painted from the training frames at each
+                                                 # estimate's poses ("painted"; never above
+                                                 # the start's fitted L1; see
+                                                 # painted_holdout_residual)
     average_fraction: float = 0.5                # mean of the pose iterates of a level's
                                                  # last cycles replaces the last iterate
                                                  # if its held-out L1 is lower (0 = off)
@@ -212,9 +213,9 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard"):
             raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
                                f"{self.plane_edges!r}")
-        if self.acceptance not in ("fitted", "painted"):
-            raise RealsimError("acceptance must be 'fitted' or 'painted', got "
-                               f"{self.acceptance!r}")
+        if self.repaint_acceptance not in ("fitted", "painted"):
+            raise RealsimError("repaint_acceptance must be 'fitted' or 'painted', got "
+                               f"{self.repaint_acceptance!r}")
         if self.textured_start not in ("flat", "paint"):
             raise RealsimError("textured_start must be 'flat' or 'paint', got "
                                f"{self.textured_start!r}")
@@ -420,7 +421,8 @@ class Metrics:
     level: int = 0
     steps_per_s: float = 0.0
     history: list = field(default_factory=list)   # (step, loss, holdout) tuples
-    # one per acceptance test: (label, step, the candidate's held-out L1, accepted)
+    # one per acceptance test: (label, step, the candidate's held-out L1, accepted,
+    # whether that L1 is painted_holdout_residual's)
     judgements: list = field(default_factory=list)
 
 
@@ -1499,13 +1501,15 @@ class CalibrationSession:
         for _ in range(self.cfg.pose_steps):
             self._do(fn, True)
 
-    def try_accept(self, label: str = "") -> bool:
+    def try_accept(self, label: str = "", painted: bool = False) -> bool:
         """Accept the current parameters iff the held-out L1 did not get worse.
 
         First (`camera_guard`), a camera whose rendered silhouette fits the image edges
         better at its accepted pose keeps that pose. Otherwise roll back to the accepted
         estimate (optimiser state reset). Returns whether the estimate was accepted;
-        `label` names the estimate in `metrics.judgements`.
+        `label` names the estimate in `metrics.judgements`. `painted`: compare
+        `painted_holdout_residual`s instead (the fitted L1 must stay at or below the
+        start's).
         """
         m = self.metrics
         if self.cfg.camera_guard and self.cfg.optimise_cameras:
@@ -1515,7 +1519,7 @@ class CalibrationSession:
                 self._pose_state = self._pose_opt.init(guarded)  # stale moments
                 m.camera_reverts += len(reverted)
         res = self.holdout_residual(self.params)
-        if self.cfg.acceptance == "painted":
+        if painted:
             score = self.painted_holdout_residual(self.params)
             ok = bool(np.isfinite(res) and res <= m.holdout_l1_start and np.isfinite(score)
                       and score <= self._accepted_painted_score())
@@ -1525,15 +1529,14 @@ class CalibrationSession:
         if ok:
             self.fit_pair_budget()      # the accepted poses' views fit the pair list
             self.accepted = dict(self.params)
-            self._painted_score = ((self.accepted, score)
-                                   if self.cfg.acceptance == "painted" else None)
+            self._painted_score = (self.accepted, score) if painted else None
             m.holdout_l1 = res
             m.accepted += 1
         else:
             self.restart_optimiser()
             m.rejected += 1
         m.history.append((m.steps, m.loss, m.holdout_l1))
-        m.judgements.append((label, m.steps, float(score), ok))
+        m.judgements.append((label, m.steps, float(score), ok, painted))
         del m.history[:-MAX_HISTORY], m.judgements[:-MAX_HISTORY]
         return ok
 
@@ -1602,7 +1605,9 @@ class CalibrationSession:
                 self._pose_state = self._pose_opt.init(self.params)   # new objective
                 if li < len(cfg.levels) - 1 and not out_of_time():
                     continue
-            self.try_accept(label)      # this level's estimate, judged on held-out frames
+            # this level's estimate, judged on held-out frames
+            self.try_accept(label, painted=(i >= len(cfg.levels)
+                                            and cfg.repaint_acceptance == "painted"))
             if out_of_time():
                 break
         self.lr_scale = 1.0

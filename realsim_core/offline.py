@@ -198,8 +198,8 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         "wall_s": time.monotonic() - t0, "rig": str(rig_path), "objects_s": t_obj,
         "objects": [o.name for o in calib.objects],
         "history": m.history,
-        "judgements": [{"estimate": lab, "step": st, "holdout_l1": h, "accepted": ok}
-                       for lab, st, h, ok in m.judgements],
+        "judgements": [{"estimate": lab, "step": st, "holdout_l1": h, "accepted": ok,
+                        "painted": painted} for lab, st, h, ok, painted in m.judgements],
         "levels": list(session.cfg.levels), "flat_levels": session.cfg.flat_colour_levels,
         "config": dataclasses.asdict(session.cfg),
     }

@@ -111,13 +111,16 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
     if metrics.get("judgements"):
         cells = "".join(
             f"<tr><td>{html.escape(str(j['estimate']))}</td><td>{j['step']}</td>"
-            f"<td>{j['holdout_l1']:.5f}</td><td>{'accepted' if j['accepted'] else 'rejected'}"
-            "</td></tr>" for j in metrics["judgements"])
+            f"<td>{j['holdout_l1']:.5f}</td><td>{'painted' if j.get('painted') else 'fitted'}"
+            f"</td><td>{'accepted' if j['accepted'] else 'rejected'}</td></tr>"
+            for j in metrics["judgements"])
         parts += ["<h2>Acceptance tests</h2>",
                   "<p>Each estimate is compared with the accepted one on the held-out frames "
-                  "(photometric L1); a rejected estimate is discarded.</p>",
+                  "(photometric L1 with each estimate's fitted colours, or with colours "
+                  "painted from the training frames at its poses); a rejected estimate is "
+                  "discarded.</p>",
                   "<table><tr><th>estimate</th><th>step</th><th>held-out L1</th>"
-                  "<th>verdict</th></tr>", cells, "</table>"]
+                  "<th>colours</th><th>verdict</th></tr>", cells, "</table>"]
     if "evaluation_table" in metrics:
         parts += ["<h2>Against ground truth</h2><h3>start (nominal)</h3><pre>",
                   html.escape(metrics["evaluation_table_nominal"]),

@@ -128,5 +128,5 @@ def test_judgement_line_names_rejected_estimates():
                            "repaint 1 0.0507 accepted, repaint 2 0.0509 rejected; ")
     assert "1 rejected estimate(s) discarded" in line and "camera guard kept 1" in line
     assert "rejected" not in judgement_line(judged[:2]) and "guard" not in judgement_line(judged)
-    assert judgement_line(judged, acceptance="painted").startswith(
-        "held-out test, painted colours (lower is better): level 2/2 0.0508 accepted")
+    judged[2]["painted"] = True
+    assert ", repaint 2 0.0509 (painted) rejected;" in judgement_line(judged)

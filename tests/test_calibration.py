@@ -689,16 +689,29 @@ def test_painted_warmup_steps_shortens_only_the_painted_levels_first_pass():
         base.replace(painted_warmup_steps=-1)
 
 
+@pytest.fixture
+def restore_appearance(setup):
+    """Later tests take the session's appearance as their truth (_fresh): keep it."""
+    _, s, _ = setup
+    saved = dict(s.params)
+    yield
+    s.params = saved
+    s.accepted = dict(saved)
+
+
+@pytest.mark.parametrize("judge", ["fitted", "painted"])
 def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_level(
-        setup, monkeypatch):
+        setup, monkeypatch, request, judge):
     rig, s, qs = setup
+    if judge == "painted":      # later tests see the session as the fitted run left it
+        request.getfixturevalue("restore_appearance")
     truth = _fresh(s)
     delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
     delta[0, :3] = [0.004, -0.003, 0.002]
     truth["fixed_deltas"] = jnp.asarray(delta)
     _reset(s, truth, qs)
     saved_cfg = s.cfg
-    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=1)
+    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=1, repaint_acceptance=judge)
     painted, judged = [], []     # poses the repaints start from; (iterate, accepted) per test
     real_init, real_accept = s.init_colours_from_frames, s.try_accept
 
@@ -706,9 +719,9 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
         painted.append(np.asarray(s.params["fixed_deltas"]).copy())
         return real_init(*a, **k)
 
-    def try_accept(label=""):
+    def try_accept(label="", painted=False):
         iterate = np.asarray(s.params["fixed_deltas"]).copy()
-        ok = real_accept(label)
+        ok = real_accept(label, painted)
         judged.append((len(cycles), iterate, np.asarray(s.accepted["fixed_deltas"]).copy(), ok))
         return ok
 
@@ -727,12 +740,14 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
     record = s.metrics.judgements[n_judged:]
     assert [r[0] for r in record] == ["level 1/1", "repaint 1"]
     assert [r[3] for r in record] == [j[3] for j in judged]
-    for (_, _, h, ok), (_, iterate, accepted, _) in zip(record, judged):
+    # the level is judged on fitted colours; the repaint pass as configured
+    assert [r[4] for r in record] == [False, judge == "painted"]
+    for (_, _, h, ok, _), (_, iterate, accepted, _) in zip(record, judged):
         assert np.isfinite(h)
         assert ok == np.array_equal(iterate, accepted)
-    last_ok = [h for _, _, h, ok in record if ok]
-    if last_ok:
-        assert s.metrics.holdout_l1 == last_ok[-1]
+    last_ok = [(h, p) for _, _, h, ok, p in record if ok]
+    if last_ok and not last_ok[-1][1]:
+        assert s.metrics.holdout_l1 == last_ok[-1][0]
     # the repaint starts from what the first test left accepted (here the first pass is
     # rejected, so that is the start, not the pass's last iterate)
     (start_pose,) = painted                          # this config does not paint at start
@@ -747,16 +762,6 @@ def _reset_with_holdout(session, truth_params, qs):
     _reset(session, truth_params, qs[:-1])
     (imgs,) = _render_targets(session, truth_params, qs[-1:])
     session.add_frame(imgs, qs[-1], holdout=True)
-
-
-@pytest.fixture
-def restore_appearance(setup):
-    """Later tests take the session's appearance as their truth (_fresh): keep it."""
-    _, s, _ = setup
-    saved = dict(s.params)
-    yield
-    s.params = saved
-    s.accepted = dict(saved)
 
 
 def test_painted_params_paints_at_the_given_poses_without_touching_the_session(
@@ -784,9 +789,9 @@ def test_painted_params_paints_at_the_given_poses_without_touching_the_session(
 
 
 def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, restore_appearance):
-    """acceptance="painted" accepts true poses whose colours went astray; "fitted" does not.
+    """A painted test accepts true poses whose colours went astray; the fitted one does not.
 
-    A painted acceptance never passes an estimate above the start's fitted held-out L1.
+    A painted test never passes an estimate above the start's fitted held-out L1.
     """
     rig, s, qs = setup
     truth = _fresh(s)
@@ -813,27 +818,26 @@ def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, resto
         fitted_nominal, fitted_astray = s.holdout_residual(nominal), s.holdout_residual(astray)
         assert fitted_astray > fitted_nominal       # the fitted test prefers the wrong poses
 
-        def judge(mode, start):
-            s.cfg = saved_cfg.replace(acceptance=mode)
+        def judge(painted, start):
             s.accepted, s.params = dict(nominal), dict(astray)
             s.metrics = C.Metrics(holdout_l1_start=start, holdout_l1=fitted_nominal)
-            return s.try_accept("candidate")
+            return s.try_accept("candidate", painted=painted)
 
-        assert not judge("fitted", start=1.0)
-        assert s.metrics.judgements == [("candidate", 0, fitted_astray, False)]
-        assert judge("painted", start=1.0)
-        (label, _, score, ok), = s.metrics.judgements
-        assert ok and score == pytest.approx(p_truth, rel=1e-6)
+        assert not judge(False, start=1.0)
+        assert s.metrics.judgements == [("candidate", 0, fitted_astray, False, False)]
+        assert judge(True, start=1.0)
+        (label, _, score, ok, painted), = s.metrics.judgements
+        assert ok and painted and score == pytest.approx(p_truth, rel=1e-6)
         assert s.metrics.holdout_l1 == fitted_astray      # the accepted one's fitted L1
         np.testing.assert_array_equal(np.asarray(s.accepted["fixed_deltas"]), delta)
         # ... but not above the start's fitted held-out L1
-        assert not judge("painted", start=fitted_astray * 0.99)
+        assert not judge(True, start=fitted_astray * 0.99)
         np.testing.assert_array_equal(np.asarray(s.accepted["fixed_deltas"]),
                                       np.asarray(nominal["fixed_deltas"]))
     finally:
         s.cfg = saved_cfg
-    with pytest.raises(C.RealsimError, match="acceptance"):
-        C.CalibrationConfig(acceptance="painting")
+    with pytest.raises(C.RealsimError, match="repaint_acceptance"):
+        C.CalibrationConfig(repaint_acceptance="painting")
 
 
 def test_stop_request_ends_a_cycle_without_stepping(setup):

@@ -109,8 +109,7 @@ def run(args) -> int:
     print(f"calibrated {m['frames']} frames in {m['wall_s']:.1f} s ({m['steps']} steps); "
           f"held-out L1 {m['holdout_l1_start']:.4f} -> {m['holdout_l1']:.4f}")
     if m.get("judgements"):
-        print(judgement_line(m["judgements"], m.get("camera_reverts", 0),
-                             m.get("config", {}).get("acceptance", "fitted")))
+        print(judgement_line(m["judgements"], m.get("camera_reverts", 0)))
     start = m.get("edge_distance_px_start", {})
     seen = [(c, start.get(c), v) for c, v in m.get("edge_distance_px", {}).items()
             if v is not None and start.get(c) is not None]
@@ -123,20 +122,19 @@ def run(args) -> int:
     return 0 if math.isfinite(m["holdout_l1"]) else 1
 
 
-def judgement_line(judgements: list[dict], camera_reverts: int = 0,
-                   acceptance: str = "fitted") -> str:
+def judgement_line(judgements: list[dict], camera_reverts: int = 0) -> str:
     """One line: each estimate's held-out L1 and whether it replaced the accepted one.
 
-    `acceptance`: CalibrationConfig.acceptance, what the numbers are ("painted": held-out
-    L1 with colours painted at each estimate's poses).
+    "(painted)" marks a test of painted colours (CalibrationConfig.repaint_acceptance).
     """
     parts = []
     for j in judgements:
         verdict = "accepted" if j["accepted"] else "rejected"
-        parts.append(f"{j['estimate'] or 'step ' + str(j['step'])} {j['holdout_l1']:.4f} {verdict}")
+        kind = " (painted)" if j.get("painted") else ""
+        parts.append(f"{j['estimate'] or 'step ' + str(j['step'])} "
+                     f"{j['holdout_l1']:.4f}{kind} {verdict}")
     n_rej = sum(not j["accepted"] for j in judgements)
-    what = "held-out test" + (", painted colours" if acceptance == "painted" else "")
-    line = f"{what} (lower is better): " + ", ".join(parts)
+    line = "held-out test (lower is better): " + ", ".join(parts)
     if n_rej:
         line += f"; {n_rej} rejected estimate(s) discarded, the result is the last accepted one"
     if camera_reverts:
