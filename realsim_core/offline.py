@@ -41,9 +41,10 @@ class OfflineOptions:
     painted_warmup_steps: int | None = None  # CalibrationConfig.painted_warmup_steps
     last_level_cycles: int = 20       # cycles of the last level and of each repaint pass
                                       # (times steps_scale; the engine's default is 10)
-    repaint_passes: int = 2           # CalibrationConfig.repaint_passes (docs/calibration.md
+    repaint_passes: int = 3           # CalibrationConfig.repaint_passes (docs/calibration.md
                                       # "Session 21" has the σ sweep of these three,
-                                      # "Session 24" that of a second pass)
+                                      # "Session 24" that of a second pass, "Session 26"
+                                      # that of a third)
     wrist_weight: float = 0.3         # CalibrationConfig.wrist_weight: wrist images in pose
                                       # steps. The engine's default is the paper's 0.1; over
                                       # the σ sweep 0.3 was better in 11 of 12 runs
