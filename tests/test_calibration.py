@@ -691,12 +691,16 @@ def test_painted_warmup_steps_shortens_only_the_painted_levels_first_pass():
 
 @pytest.fixture
 def restore_appearance(setup):
-    """Later tests take the session's appearance as their truth (_fresh): keep it."""
+    """Leave the shared session as it was.
+
+    Later tests take its appearance as their truth (_fresh) and its frame buffer (held-out
+    flags included) as they left it.
+    """
     _, s, _ = setup
-    saved = dict(s.params)
+    saved = dict(s.__dict__)
     yield
-    s.params = saved
-    s.accepted = dict(saved)
+    s.__dict__.clear()
+    s.__dict__.update(saved)
 
 
 @pytest.mark.parametrize("judge", ["fitted", "painted"])
