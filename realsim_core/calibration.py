@@ -1423,8 +1423,8 @@ class CalibrationSession:
 
         `painted_params` at the current estimate, with fresh colour moments.
         """
-        if self._init_views(max_frames) is None:
-            return
+        if not np.any(np.asarray(self.bufs.train | self.bufs.holdout)):
+            return                      # nothing buffered to paint from
         self.params = self.painted_params(self.params, max_frames)
         self._colour_state = self._colour_opt.init(self.params)
 
