@@ -737,6 +737,7 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
         s.run(callback=lambda m: cycles.append(m.level))
     finally:
         s.cfg = saved_cfg
+        monkeypatch.undo()      # before restore_appearance puts the session back
     assert cycles == [0, 0, 0, 0]                    # the level, then its repainted pass
     assert [j[0] for j in judged] == [2, 4]          # each pass judged on its own
     # each test is recorded under its pass's name, with its verdict; an accepted
