@@ -813,44 +813,40 @@ def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, resto
         for arm in ("left", "right"):
             offsets[rig.joint_names.index(f"follower_{arm}/{j}")] = v
     truth["joint_offsets"] = jnp.asarray(offsets)
-    saved_cfg = s.cfg
-    try:
-        _reset_with_holdout(s, truth, qs)
-        nominal = dict(s.params)                    # nominal poses, the true appearance
-        # colours gone astray wherever the training frames see the Gaussian (the ones
-        # seen nowhere keep their colour in a painting)
-        true_logits = np.asarray(truth["color_logits"])
-        seen = np.any(np.asarray(s.painted_params(truth, C.PAINTED_JUDGE_FRAMES, True)
-                                 ["color_logits"]) != true_logits, axis=-1)
-        assert seen.mean() > 0.3
-        inverted = np.where(seen[..., None], -true_logits, true_logits)    # 1 - colour
-        astray = dict(truth, color_logits=jnp.asarray(inverted, jnp.float32))
-        # the painted score ranks the poses and ignores the estimate's own colours
-        p_truth, p_nominal = s.painted_holdout_residual(truth), s.painted_holdout_residual(
-            nominal)
-        assert p_truth < p_nominal
-        assert s.painted_holdout_residual(astray) == pytest.approx(p_truth, rel=1e-6)
-        fitted_nominal, fitted_astray = s.holdout_residual(nominal), s.holdout_residual(astray)
-        assert fitted_astray > fitted_nominal       # the fitted test prefers the wrong poses
+    _reset_with_holdout(s, truth, qs)
+    nominal = dict(s.params)                    # nominal poses, the true appearance
+    # colours gone astray wherever the training frames see the Gaussian (the ones
+    # seen nowhere keep their colour in a painting)
+    true_logits = np.asarray(truth["color_logits"])
+    seen = np.any(np.asarray(s.painted_params(truth, C.PAINTED_JUDGE_FRAMES, True)
+                             ["color_logits"]) != true_logits, axis=-1)
+    assert seen.mean() > 0.3
+    inverted = np.where(seen[..., None], -true_logits, true_logits)    # 1 - colour
+    astray = dict(truth, color_logits=jnp.asarray(inverted, jnp.float32))
+    # the painted score ranks the poses and ignores the estimate's own colours
+    p_truth, p_nominal = s.painted_holdout_residual(truth), s.painted_holdout_residual(
+        nominal)
+    assert p_truth < p_nominal
+    assert s.painted_holdout_residual(astray) == pytest.approx(p_truth, rel=1e-6)
+    fitted_nominal, fitted_astray = s.holdout_residual(nominal), s.holdout_residual(astray)
+    assert fitted_astray > fitted_nominal       # the fitted test prefers the wrong poses
 
-        def judge(painted, start):
-            s.accepted, s.params = dict(nominal), dict(astray)
-            s.metrics = C.Metrics(holdout_l1_start=start, holdout_l1=fitted_nominal)
-            return s.try_accept("candidate", painted=painted)
+    def judge(painted, start):
+        s.accepted, s.params = dict(nominal), dict(astray)
+        s.metrics = C.Metrics(holdout_l1_start=start, holdout_l1=fitted_nominal)
+        return s.try_accept("candidate", painted=painted)
 
-        assert not judge(False, start=1.0)
-        assert s.metrics.judgements == [("candidate", 0, fitted_astray, False, False)]
-        assert judge(True, start=1.0)
-        (label, _, score, ok, painted), = s.metrics.judgements
-        assert ok and painted and score == pytest.approx(p_truth, rel=1e-6)
-        assert s.metrics.holdout_l1 == fitted_astray      # the accepted one's fitted L1
-        np.testing.assert_array_equal(np.asarray(s.accepted["joint_offsets"]), offsets)
-        # ... but not above the start's fitted held-out L1
-        assert not judge(True, start=fitted_astray * 0.99)
-        np.testing.assert_array_equal(np.asarray(s.accepted["joint_offsets"]),
-                                      np.asarray(nominal["joint_offsets"]))
-    finally:
-        s.cfg = saved_cfg
+    assert not judge(False, start=1.0)
+    assert s.metrics.judgements == [("candidate", 0, fitted_astray, False, False)]
+    assert judge(True, start=1.0)
+    (label, _, score, ok, painted), = s.metrics.judgements
+    assert ok and painted and score == pytest.approx(p_truth, rel=1e-6)
+    assert s.metrics.holdout_l1 == fitted_astray      # the accepted one's fitted L1
+    np.testing.assert_array_equal(np.asarray(s.accepted["joint_offsets"]), offsets)
+    # ... but not above the start's fitted held-out L1
+    assert not judge(True, start=fitted_astray * 0.99)
+    np.testing.assert_array_equal(np.asarray(s.accepted["joint_offsets"]),
+                                  np.asarray(nominal["joint_offsets"]))
     with pytest.raises(C.RealsimError, match="repaint_acceptance"):
         C.CalibrationConfig(repaint_acceptance="painting")
 
