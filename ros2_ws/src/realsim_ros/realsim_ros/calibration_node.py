@@ -20,6 +20,7 @@ import importlib
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -832,7 +833,16 @@ class CalibrationNode(Node):
 
 
 def main(args=None) -> None:
-    """Entry point of `calibration_node` / `ros2 run realsim_ros calibration_node`."""
+    """Entry point of `calibration_node` / `ros2 run realsim_ros calibration_node`.
+
+    Ctrl-C / SIGINT stops the node through rclpy's own handler (it shuts the context down,
+    and `spin` returns). Python's default handler would also raise KeyboardInterrupt at
+    whatever bytecode runs next; when that is a garbage-collected `Future.__del__`, the
+    exception is printed as a traceback and swallowed. So Python's handler is made a no-op,
+    installed before `rclpy.init` so that rclpy's handler chains to it.
+    """
+    main_thread = threading.current_thread() is threading.main_thread()
+    old_sigint = signal.signal(signal.SIGINT, lambda *_: None) if main_thread else None
     rclpy.init(args=args)
     node = None
     rc = 0
@@ -850,6 +860,8 @@ def main(args=None) -> None:
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
+        if old_sigint is not None:
+            signal.signal(signal.SIGINT, old_sigint)
     if rc:
         sys.exit(rc)
 
