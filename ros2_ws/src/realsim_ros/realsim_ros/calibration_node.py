@@ -843,10 +843,10 @@ def main(args=None) -> None:
     """
     main_thread = threading.current_thread() is threading.main_thread()
     old_sigint = signal.signal(signal.SIGINT, lambda *_: None) if main_thread else None
-    rclpy.init(args=args)
     node = None
     rc = 0
     try:
+        rclpy.init(args=args)
         node = CalibrationNode()
         rclpy.spin(node)
     except (KeyboardInterrupt, ExternalShutdownException):
