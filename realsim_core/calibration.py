@@ -102,6 +102,10 @@ class CalibrationConfig:
                                                  # level again, this many times (each judged
                                                  # on held-out frames; docs/calibration.md
                                                  # "Session 13")
+    repaint_min_gain: float = 0.0                # stop the repaint passes once one lowered
+                                                 # the accepted held-out L1 (fitted) by less
+                                                 # than this fraction (a rejected pass: 0);
+                                                 # 0 runs them all ("Session 28")
     repaint_acceptance: str = "fitted"           # what judges a repaint pass on held-out
                                                  # frames: L1 with each estimate's fitted
                                                  # colours ("fitted"), or with colours
@@ -213,6 +217,8 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard"):
             raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
                                f"{self.plane_edges!r}")
+        if not 0.0 <= self.repaint_min_gain < 1.0:
+            raise RealsimError(f"repaint_min_gain must be in [0, 1), got {self.repaint_min_gain}")
         if self.repaint_acceptance not in ("fitted", "painted"):
             raise RealsimError("repaint_acceptance must be 'fitted' or 'painted', got "
                                f"{self.repaint_acceptance!r}")
@@ -418,6 +424,7 @@ class Metrics:
     rejected: int = 0
     rollbacks: int = 0
     camera_reverts: int = 0                       # camera poses kept by the camera guard
+    repaints_skipped: int = 0                     # repaint passes not run (repaint_min_gain)
     level: int = 0
     steps_per_s: float = 0.0
     history: list = field(default_factory=list)   # (step, loss, holdout) tuples
@@ -1563,10 +1570,20 @@ class CalibrationSession:
         # the levels, then `repaint_passes` more runs of the last level from colours
         # repainted at the accepted estimate (painted colours hold the misregistration of
         # the poses they were painted at; a better estimate paints better ones)
-        for i, (li, warm) in enumerate(cfg.schedule_plan()):
+        # (`repaint_min_gain`: a pass that lowered the held-out L1 by less than that share
+        # is not followed by another; docs/calibration.md "Session 28")
+        plan = cfg.schedule_plan()
+        l1_before = math.nan            # accepted held-out L1 before the last repaint pass
+        for i, (li, warm) in enumerate(plan):
             label = (f"level {li + 1}/{len(cfg.levels)}" if i < len(cfg.levels)
                      else f"repaint {i - len(cfg.levels) + 1}")
+            if i > len(cfg.levels) and cfg.repaint_min_gain > 0:
+                gain = (l1_before - m.holdout_l1) / l1_before if l1_before > 0 else 0.0
+                if not gain >= cfg.repaint_min_gain:
+                    m.repaints_skipped = len(plan) - i
+                    break
             if i >= len(cfg.levels):    # a repaint pass
+                l1_before = m.holdout_l1
                 self.params = dict(self.accepted)
                 self.init_colours_from_frames()
                 self._pose_state = self._pose_opt.init(self.params)

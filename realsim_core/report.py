@@ -121,6 +121,11 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
                   "discarded.</p>",
                   "<table><tr><th>estimate</th><th>step</th><th>held-out L1</th>"
                   "<th>colours</th><th>verdict</th></tr>", cells, "</table>"]
+        if metrics.get("repaints_skipped"):
+            gain = metrics.get("config", {}).get("repaint_min_gain", 0.0)
+            parts.append(f"<p>{metrics['repaints_skipped']} repaint pass(es) not run: the "
+                         f"last pass lowered the held-out L1 by less than {100 * gain:g} % "
+                         "(repaint_min_gain).</p>")
     if "evaluation_table" in metrics:
         parts += ["<h2>Against ground truth</h2><h3>start (nominal)</h3><pre>",
                   html.escape(metrics["evaluation_table_nominal"]),

@@ -56,10 +56,22 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert (f"cam_high {m['edge_distance_px_start']['cam_high']:.3f} -> "
             f"{m['edge_distance_px']['cam_high']:.3f}") in res.stdout
     # every acceptance test on the terminal and in metrics.json: the level, then each
-    # repaint pass, with the verdict the run acted on
+    # repaint pass run, with the verdict the run acted on; a pass that gained less than
+    # repaint_min_gain (the offline default 0.5 %) is the last
     judged = m["judgements"]
+    ran = len(judged) - 1
+    assert m["config"]["repaint_min_gain"] == 0.005
+    assert ran + m["repaints_skipped"] == m["config"]["repaint_passes"] and ran >= 1
     assert [j["estimate"] for j in judged] == (
-        ["level 1/1"] + [f"repaint {k + 1}" for k in range(m["config"]["repaint_passes"])])
+        ["level 1/1"] + [f"repaint {k + 1}" for k in range(ran)])
+    l1 = [m["holdout_l1_start"]]             # the accepted held-out L1 after each test
+    for j in judged:
+        l1.append(j["holdout_l1"] if j["accepted"] else l1[-1])
+    for k in range(1, ran):                  # every pass but the last gained enough
+        assert (l1[k] - l1[k + 1]) / l1[k] >= 0.005
+    if m["repaints_skipped"]:
+        assert (l1[ran] - l1[ran + 1]) / l1[ran] < 0.005
+        assert "repaint pass(es) skipped" in res.stdout
     assert sum(j["accepted"] for j in judged) == m["accepted"]
     assert sum(not j["accepted"] for j in judged) == m["rejected"]
     accepted_l1 = [j["holdout_l1"] for j in judged if j["accepted"]]
@@ -128,5 +140,9 @@ def test_judgement_line_names_rejected_estimates():
                            "repaint 1 0.0507 accepted, repaint 2 0.0509 rejected; ")
     assert "1 rejected estimate(s) discarded" in line and "camera guard kept 1" in line
     assert "rejected" not in judgement_line(judged[:2]) and "guard" not in judgement_line(judged)
+    assert "skipped" not in line
+    skipped = judgement_line(judged, repaints_skipped=1, min_gain=0.005)
+    assert skipped.endswith("; 1 repaint pass(es) skipped: the last one lowered the "
+                            "held-out L1 too little (< 0.5 %)")
     judged[2]["painted"] = True
     assert ", repaint 2 0.0509 (painted) rejected;" in judgement_line(judged)

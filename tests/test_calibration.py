@@ -762,6 +762,42 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
         C.CalibrationConfig(repaint_passes=-1)
 
 
+def test_repaint_min_gain_stops_the_repaint_passes(setup, monkeypatch, restore_appearance):
+    """No repaint pass follows one that lowered the held-out L1 by less than the minimum.
+
+    At 0.99 no pass can gain enough (that would take the L1 to a hundredth), so of three
+    configured passes only the first runs; the run says how many it skipped.
+    """
+    rig, s, qs = setup
+    truth = _fresh(s)
+    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+    delta[0, :3] = [0.004, -0.003, 0.002]
+    truth["fixed_deltas"] = jnp.asarray(delta)
+    _reset(s, truth, qs)
+    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=3, repaint_min_gain=0.99)
+    painted = []
+    real_init = s.init_colours_from_frames
+
+    def init_colours(*a, **k):
+        painted.append(len(cycles))
+        return real_init(*a, **k)
+
+    monkeypatch.setattr(s, "init_colours_from_frames", init_colours)
+    cycles = []
+    try:
+        m = s.run(callback=lambda m: cycles.append(m.level))
+    finally:
+        monkeypatch.undo()      # before restore_appearance puts the session back
+    assert cycles == [0, 0, 0, 0]            # the level, then one repaint pass
+    assert painted == [2]                    # painted once, for that pass
+    assert [j[0] for j in m.judgements] == ["level 1/1", "repaint 1"]
+    assert m.repaints_skipped == 2
+    assert m.holdout_l1 <= m.holdout_l1_start
+    for bad in (-0.1, 1.0):
+        with pytest.raises(C.RealsimError, match="repaint_min_gain"):
+            C.CalibrationConfig(repaint_min_gain=bad)
+
+
 def _reset_with_holdout(session, truth_params, qs):
     """As _reset, the last frame held out (painted judges need training frames to paint)."""
     _reset(session, truth_params, qs[:-1])

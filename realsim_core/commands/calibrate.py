@@ -37,8 +37,10 @@ def add_parser(sub) -> None:
                         "colours spread to every Gaussian")
     p.add_argument("--repaint-passes", type=int, default=3, metavar="N",
                    help="after the schedule, repaint the colours at the estimate and run the "
-                        "last level again, N times (default 3; each pass is ~1/5 of the "
-                        "run's time; 2 is ~20%% faster, see docs/calibration.md)")
+                        "last level again, up to N times (default 3; each pass is ~1/5 of "
+                        "the run's time; 2 is ~20%% faster; no pass follows one that lowered "
+                        "the held-out L1 by < 0.5%%, --set repaint_min_gain=0 runs all N; see "
+                        "docs/calibration.md)")
     p.add_argument("--wrist-weight", type=float, default=0.3, metavar="W",
                    help="weight of the wrist cameras' images in pose steps, fixed cameras "
                         "1.0 (default 0.3; the paper's 0.1 measured worse offline, see "
@@ -109,7 +111,9 @@ def run(args) -> int:
     print(f"calibrated {m['frames']} frames in {m['wall_s']:.1f} s ({m['steps']} steps); "
           f"held-out L1 {m['holdout_l1_start']:.4f} -> {m['holdout_l1']:.4f}")
     if m.get("judgements"):
-        print(judgement_line(m["judgements"], m.get("camera_reverts", 0)))
+        print(judgement_line(m["judgements"], m.get("camera_reverts", 0),
+                             m.get("repaints_skipped", 0),
+                             m.get("config", {}).get("repaint_min_gain")))
     start = m.get("edge_distance_px_start", {})
     seen = [(c, start.get(c), v) for c, v in m.get("edge_distance_px", {}).items()
             if v is not None and start.get(c) is not None]
@@ -122,10 +126,12 @@ def run(args) -> int:
     return 0 if math.isfinite(m["holdout_l1"]) else 1
 
 
-def judgement_line(judgements: list[dict], camera_reverts: int = 0) -> str:
+def judgement_line(judgements: list[dict], camera_reverts: int = 0, repaints_skipped: int = 0,
+                   min_gain: float | None = None) -> str:
     """One line: each estimate's held-out L1 and whether it replaced the accepted one.
 
-    "(painted)" marks a test of painted colours (CalibrationConfig.repaint_acceptance).
+    "(painted)" marks a test of painted colours (CalibrationConfig.repaint_acceptance);
+    `repaints_skipped` passes were not run (CalibrationConfig.repaint_min_gain = `min_gain`).
     """
     parts = []
     for j in judgements:
@@ -137,6 +143,10 @@ def judgement_line(judgements: list[dict], camera_reverts: int = 0) -> str:
     line = "held-out test (lower is better): " + ", ".join(parts)
     if n_rej:
         line += f"; {n_rej} rejected estimate(s) discarded, the result is the last accepted one"
+    if repaints_skipped:
+        why = f" (< {100 * min_gain:g} %)" if min_gain else ""
+        line += (f"; {repaints_skipped} repaint pass(es) skipped: the last one lowered the "
+                 f"held-out L1 too little{why}")
     if camera_reverts:
         line += f"; camera guard kept {camera_reverts} camera pose(s) at the accepted estimate"
     return line
