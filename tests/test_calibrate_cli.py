@@ -81,6 +81,27 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
     assert "Geometry check" in html and html.count("<tr><td>cam_") >= 4
     assert "Acceptance tests" in html and html.count("<tr><td>repaint ") == len(judged) - 1
+    assert ("repaint pass(es) not run" in html) == (m["repaints_skipped"] > 0)
+
+
+def test_calibrate_says_which_repaint_passes_it_skipped(tmp_path):
+    """At repaint_min_gain 0.9 no pass gains enough: of two passes only the first runs."""
+    rec = tmp_path / "rec"
+    res = _realsim("synth", str(rec), "--frames", "4", "--resolution", "64x36", "--objects", "0",
+                   "--seed", "4")
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "cal"
+    res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.1",
+                   "--gaussians", "1000", "--max-frames", "4", "--no-progress",
+                   "--repaint-passes", "2", "--set", "repaint_min_gain=0.9")
+    assert res.returncode == 0, res.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["config"]["repaint_min_gain"] == 0.9 and m["repaints_skipped"] == 1
+    assert [j["estimate"] for j in m["judgements"]] == ["level 1/1", "repaint 1"]
+    assert ("; 1 repaint pass(es) skipped: the last one lowered the held-out L1 too little "
+            "(< 90 %)") in res.stdout
+    html = (out / "report.html").read_text()
+    assert "1 repaint pass(es) not run" in html and "less than 90 %" in html
 
 
 def test_calibrate_bad_input_is_one_line(tmp_path):
