@@ -17,11 +17,17 @@ def _realsim(*args, timeout=900):
                           text=True, timeout=timeout)
 
 
-def test_calibrate_writes_contract_outputs(tmp_path):
+def _tiny_recording(tmp_path, frames: int, seed: int):
+    """A `realsim synth` recording of `frames` frames at 64x36, no objects."""
     rec = tmp_path / "rec"
-    res = _realsim("synth", str(rec), "--frames", "5", "--resolution", "64x36", "--objects", "0",
-                   "--seed", "3")
+    res = _realsim("synth", str(rec), "--frames", str(frames), "--resolution", "64x36",
+                   "--objects", "0", "--seed", str(seed))
     assert res.returncode == 0, res.stderr
+    return rec
+
+
+def test_calibrate_writes_contract_outputs(tmp_path):
+    rec = _tiny_recording(tmp_path, frames=5, seed=3)
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.1",
                    "--gaussians", "1500", "--max-frames", "5", "--no-progress",
@@ -86,10 +92,7 @@ def test_calibrate_writes_contract_outputs(tmp_path):
 
 def test_calibrate_says_which_repaint_passes_it_skipped(tmp_path):
     """At repaint_min_gain 0.9 no pass gains enough: of two passes only the first runs."""
-    rec = tmp_path / "rec"
-    res = _realsim("synth", str(rec), "--frames", "4", "--resolution", "64x36", "--objects", "0",
-                   "--seed", "4")
-    assert res.returncode == 0, res.stderr
+    rec = _tiny_recording(tmp_path, frames=4, seed=4)
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.1",
                    "--gaussians", "1000", "--max-frames", "4", "--no-progress",
