@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 from jax.test_util import check_grads
 from scipy.spatial.transform import Rotation
 
@@ -49,6 +50,17 @@ def test_exp_gradients_match_finite_differences_including_zero():
 def test_rotation_error_deg():
     r = Rotation.from_euler("z", 1.0, degrees=True).as_matrix()
     assert abs(se3.rotation_error_deg(np.eye(3), r) - 1.0) < 1e-9
+    rng = np.random.default_rng(5)
+    for deg in (0.0, 1e-3, 0.05, 1.0, 90.0, 179.0):
+        for _ in range(5):
+            base = Rotation.random(random_state=rng).as_matrix()
+            delta = Rotation.from_rotvec(np.radians(deg) * Rotation.random(
+                random_state=rng).apply([1.0, 0.0, 0.0])).as_matrix()
+            assert se3.rotation_error_deg(base, base @ delta) == pytest.approx(deg, abs=1e-9)
+            # a pose made in float32 (as the engine's estimates are): the error stays at
+            # float32 round-off, not its square root (arccos of the trace gave ~0.01°)
+            est = (base @ delta).astype(np.float32)
+            assert se3.rotation_error_deg(base, est) == pytest.approx(deg, abs=2e-5)
 
 
 def test_se3_log_inverts_exp_and_has_the_identity_jacobian_at_zero():
