@@ -93,9 +93,10 @@ def se3_log(T):
 def so3_log(rot):
     """[3, 3] rotation -> axis-angle [3] (numpy, float64; for evaluation, not for gradients)."""
     rot = np.asarray(rot, dtype=np.float64)
-    cos = np.clip((np.trace(rot) - 1.0) / 2.0, -1.0, 1.0)
-    theta = np.arccos(cos)
     w = np.array([rot[2, 1] - rot[1, 2], rot[0, 2] - rot[2, 0], rot[1, 0] - rot[0, 1]])
+    # atan2 with the sine from the antisymmetric part: arccos of the trace alone turns a
+    # rounding error ε of a float32-made rotation into an angle of ~sqrt(2ε) (0.014°)
+    theta = np.arctan2(0.5 * np.linalg.norm(w), 0.5 * (np.trace(rot) - 1.0))
     if theta < 1e-7:
         return 0.5 * w
     if np.pi - theta < 1e-4:
@@ -163,12 +164,6 @@ def matrix_to_quat_xyzw(rot) -> np.ndarray:
 
 
 def rotation_error_deg(rot_est, rot_true) -> float:
-    """Angle of R_est^-1 R_true in degrees (numpy).
-
-    atan2(sin, cos) with the sine from the antisymmetric part: arccos of the trace alone
-    turns a rounding error ε of a float32-made rotation into an angle of ~sqrt(2ε) (a
-    0.014° floor for a pose composed in float32); this form's error stays ~ε.
-    """
+    """Angle of R_est^-1 R_true in degrees (numpy; `so3_log`'s angle, exact to round-off)."""
     r = np.asarray(rot_est, np.float64).T @ np.asarray(rot_true, np.float64)
-    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])
-    return float(np.degrees(np.arctan2(0.5 * np.linalg.norm(axis), 0.5 * (np.trace(r) - 1.0))))
+    return float(np.degrees(np.linalg.norm(so3_log(r))))
