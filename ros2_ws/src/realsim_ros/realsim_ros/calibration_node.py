@@ -839,7 +839,10 @@ def main(args=None) -> None:
     and `spin` returns). Python's default handler would also raise KeyboardInterrupt at
     whatever bytecode runs next; when that is a garbage-collected `Future.__del__`, the
     exception is printed as a traceback and swallowed. So Python's handler is made a no-op,
-    installed before `rclpy.init` so that rclpy's handler chains to it.
+    installed before `rclpy.init` so that rclpy's handler chains to it. A callback that was
+    running when the signal shut the context down can still fail on it (publishing into a
+    shut-down context raises RCLError out of `spin`): after a shutdown that is the stop,
+    not an error.
     """
     main_thread = threading.current_thread() is threading.main_thread()
     old_sigint = signal.signal(signal.SIGINT, lambda *_: None) if main_thread else None
@@ -854,6 +857,9 @@ def main(args=None) -> None:
     except (RealsimError, ParameterException, InvalidParameterValueException) as exc:
         print(f"realsim node: error: {' '.join(str(exc).split())}", file=sys.stderr)
         rc = 1
+    except Exception:
+        if node is None or rclpy.ok():      # not a callback cut short by the shutdown
+            raise
     finally:
         if node is not None:
             node.shutdown()
