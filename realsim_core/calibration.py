@@ -511,6 +511,9 @@ def surfel_shading(coef, quats, means, cam_pose):
 
 
 POSE_KEYS = ("joint_offsets", "fixed_deltas", "mounted_deltas", "corrections")
+# what the colour steps fit (the appearance; every other group is a pose group)
+COLOUR_KEYS = ("color_logits", "opacity_logits", "background_logits", "plane_logits",
+               "shading")
 POSE_CLIP_NORM = 10.0    # global-norm clip of the pose gradient (a guard, rarely active)
 
 
@@ -627,9 +630,13 @@ def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_l
     for c, rgb in enumerate(renders):
         target = bufs.images[level][c][idx]
         w = weights[c] * bufs.valid[idx, c]                        # [B]
-        # L1 for colour steps (lambda = 0), (1 - lambda) L1 + lambda D-SSIM for pose steps
-        per = (1.0 - ssim_lambda) * losses.l1_map(rgb, target) + ssim_lambda * (
-            1.0 - losses.ssim_map(rgb, target))
+        # L1 for colour steps (lambda = 0), (1 - lambda) L1 + lambda D-SSIM for pose steps;
+        # a lambda known to be 0 at trace time computes no SSIM (0 x SSIM is not folded)
+        if isinstance(ssim_lambda, (int, float)) and ssim_lambda == 0:
+            per = losses.l1_map(rgb, target)
+        else:
+            per = (1.0 - ssim_lambda) * losses.l1_map(rgb, target) + ssim_lambda * (
+                1.0 - losses.ssim_map(rgb, target))
         total = total + jnp.sum(w * per.mean(axis=(-2, -1)))
         wsum = wsum + jnp.sum(w)
     return total / jnp.maximum(wsum, 1e-8)
@@ -750,6 +757,33 @@ def _mounted_from_world(km, u, q_ref, chain):
     b, w0 = _mounted_refs(km, u, q_ref, chain)
     cam = w0 @ se3_exp(u["mounted_deltas"])
     return {**u, "mounted_deltas": se3_log(pose_inverse(b @ km.mounted_nominal) @ cam)}
+
+
+class _StepPair:
+    """A level's colour step and pose step behind one call: `pose` picks which runs.
+
+    Both are `_Precompiled` with the same arguments, so `submit` / `cancel` reach both
+    (the colour step first: every level starts with colour steps).
+    """
+
+    def __init__(self, colour: _Precompiled, pose: _Precompiled):
+        self.colour, self.pose = colour, pose
+
+    def submit(self, executor: concurrent.futures.Executor, *args) -> None:
+        self.colour.submit(executor, *args)
+        self.pose.submit(executor, *args)
+
+    def cancel(self) -> None:
+        self.colour.cancel()
+        self.pose.cancel()
+
+    @property
+    def compiled_calls(self) -> int:
+        return self.colour.compiled_calls + self.pose.compiled_calls
+
+    def __call__(self, params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
+        fn = self.pose if bool(pose) else self.colour
+        return fn(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale)
 
 
 class _Precompiled:
@@ -1079,24 +1113,21 @@ class CalibrationSession:
         return True
 
     def _step_fn(self, level: int):
-        """One jitted step per pyramid level serving both colour and pose steps.
+        """The step function of a pyramid level (one colour or pose step).
 
-        `pose` (a traced bool) selects the objective and which optimiser's updates and
-        state advance, so alternating costs no second compile.
+        `fn(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale)` ->
+        (params, pose_state, colour_state, data loss, finite). Two jitted functions
+        (`_StepPair`): a colour step differentiates the L1 loss with respect to the
+        appearance only, a pose step the SSIM + L1 + prior objective with respect to the
+        poses only. One function computing every gradient and selecting
+        (sessions 1-28) did both jobs in every step, ~15-25 % more per step at 212x120;
+        a `lax.cond` between the two was slower still on the CPU (docs/calibration.md
+        "Session 29").
         """
         if level in self._steps:
             return self._steps[level]
         cfg = self.cfg
         static = self.static
-
-        def loss_fn(params, bufs, idx, nominal, pose):
-            lam = jnp.where(pose, cfg.ssim_lambda, 0.0)
-            data = _photometric(static, params, bufs, idx, level, lam, pose)
-            prior = _prior(params, cfg, nominal) * cfg.level_prior_weight(level)
-            return data + jnp.where(pose, prior, 0.0), data
-
-        def select(flag, a, b):
-            return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
         # (cameras not optimised: their mounts stay put, so the plain coordinates)
         world = (cfg.mounted_world_joints > 0 and cfg.optimise_cameras
@@ -1104,33 +1135,53 @@ class CalibrationSession:
         chain = (jnp.asarray(mounted_chain_joints(self.rig, self._model,
                                                   cfg.mounted_world_joints)) if world else None)
 
-        def loss_u(u, bufs, idx, nominal, pose):
-            p = _mounted_from_world(static.km, u, nominal["qbar"], chain) if world else u
-            return loss_fn(p, bufs, idx, nominal, pose)
+        def grads_of(loss, params, keys):
+            """Data term and gradient of `loss` w.r.t. the groups `keys`, and finiteness.
 
+            loss(params) -> (objective, data term); the other groups get zero gradients.
+            """
+            part = {k: params[k] for k in keys if k in params}
+            (_, data), g = jax.value_and_grad(lambda x: loss({**params, **x}),
+                                              has_aux=True)(part)
+            grads = {k: g[k] if k in g else jnp.zeros_like(v) for k, v in params.items()}
+            finite = jnp.isfinite(data) & jnp.all(jnp.asarray(
+                [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(g)]))
+            return data, grads, finite
+
+        # both take the same arguments (`pose` selects between them, see _StepPair)
         @jax.jit
-        def step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
+        def pose_step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
             # the optimiser works on u: params with the mounted cameras' deltas as world
             # poses at the reference joints (_mounted_to_world), identical otherwise
             u = (_mounted_to_world(static.km, params, nominal["qbar"], chain) if world
                  else params)
-            (_, data), grads = jax.value_and_grad(loss_u, has_aux=True)(
-                u, bufs, idx, nominal, pose)
-            up_p, new_pose_state = self._pose_opt.update(grads, pose_state, u)
-            up_p = jax.tree_util.tree_map(lambda x: x * lr_scale, up_p)
-            up_c, new_colour_state = self._colour_opt.update(grads, colour_state, u)
-            updates = select(pose, up_p, up_c)
-            new_params = optax.apply_updates(u, updates)
-            if world:   # back to mount deltas; colour steps leave the poses bit for bit
-                back = _mounted_from_world(static.km, new_params, nominal["qbar"], chain)
-                new_params = {**new_params, "mounted_deltas": jnp.where(
-                    pose, back["mounted_deltas"], params["mounted_deltas"])}
-            finite = jnp.isfinite(data) & jnp.all(jnp.asarray(
-                [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(grads)]))
-            return (new_params, select(pose, new_pose_state, pose_state),
-                    select(pose, colour_state, new_colour_state), data, finite)
 
-        self._steps[level] = _Precompiled(step)
+            def loss(u_):
+                p = _mounted_from_world(static.km, u_, nominal["qbar"], chain) if world else u_
+                data = _photometric(static, p, bufs, idx, level, cfg.ssim_lambda, True)
+                return data + _prior(p, cfg, nominal) * cfg.level_prior_weight(level), data
+
+            data, grads, finite = grads_of(loss, u, POSE_KEYS)
+            up, new_pose_state = self._pose_opt.update(grads, pose_state, u)
+            up = jax.tree_util.tree_map(lambda x: x * lr_scale, up)
+            new_params = optax.apply_updates(u, up)
+            if world:   # back to mount deltas
+                back = _mounted_from_world(static.km, new_params, nominal["qbar"], chain)
+                new_params = {**new_params, "mounted_deltas": back["mounted_deltas"]}
+            return new_params, new_pose_state, colour_state, data, finite
+
+        @jax.jit
+        def colour_step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
+            def loss(p):        # poses untouched, bit for bit
+                data = _photometric(static, p, bufs, idx, level, 0.0, False)
+                return data, data
+
+            data, grads, finite = grads_of(loss, params, COLOUR_KEYS)
+            up, new_colour_state = self._colour_opt.update(grads, colour_state, params)
+            return (optax.apply_updates(params, up), pose_state, new_colour_state, data,
+                    finite)
+
+        self._steps[level] = _StepPair(_Precompiled(colour_step), _Precompiled(pose_step))
         return self._steps[level]
 
     # ------------------------------------------------------------------ frames

@@ -25,13 +25,22 @@ def skew(v):
 
 
 def _sinc_terms(theta2):
-    """A = sin(t)/t, B = (1-cos t)/t^2, C = (t - sin t)/t^3, safe (and smooth) at t = 0."""
-    small = theta2 < 1e-8
+    """A = sin(t)/t, B = (1-cos t)/t^2, C = (t - sin t)/t^3, safe (and smooth) at t = 0.
+
+    Below t = 0.5 their Taylor series (next terms < 1e-7 relative): the closed forms
+    cancel in float32 (1 - cos t, t - sin t), and their derivatives far more (the Jacobian
+    of `se3_exp` was off by 1.4 % at t = 1e-4 and 0.06 % at 1e-3; docs/calibration.md
+    "Session 29").
+    """
+    small = theta2 < 0.25
     t2 = jnp.where(small, 1.0, theta2)
     t = jnp.sqrt(t2)
-    a = jnp.where(small, 1.0 - theta2 / 6.0, jnp.sin(t) / t)
-    b = jnp.where(small, 0.5 - theta2 / 24.0, (1.0 - jnp.cos(t)) / t2)
-    c = jnp.where(small, 1.0 / 6.0 - theta2 / 120.0, (t - jnp.sin(t)) / (t2 * t))
+    x, x2 = theta2, theta2 * theta2
+    a = jnp.where(small, 1.0 - x / 6.0 + x2 / 120.0 - x2 * x / 5040.0, jnp.sin(t) / t)
+    b = jnp.where(small, 0.5 - x / 24.0 + x2 / 720.0 - x2 * x / 40320.0,
+                  (1.0 - jnp.cos(t)) / t2)
+    c = jnp.where(small, 1.0 / 6.0 - x / 120.0 + x2 / 5040.0 - x2 * x / 362880.0,
+                  (t - jnp.sin(t)) / (t2 * t))
     return a, b, c
 
 
@@ -77,12 +86,16 @@ def se3_log(T):
     ratio = jnp.where(small, 1.0 + s2 / 6.0, jnp.arctan2(s, cos) / s)   # theta / sin(theta)
     phi = ratio[..., None] * w
     th2 = jnp.sum(phi * phi, -1)
-    small = th2 < 1e-8
-    th2s = jnp.where(small, 1.0, th2)
-    th = jnp.sqrt(th2s)
     # V(phi)^-1 = I - K / 2 + c K^2, c = (1 - theta sin(theta) / (2 (1 - cos(theta)))) / theta^2
-    c = jnp.where(small, 1.0 / 12.0 + th2 / 720.0,
-                  (1.0 - th * jnp.sin(th) / (2.0 * (1.0 - jnp.cos(th)))) / th2s)
+    #   = (1 - x cot(x)) / theta^2 with x = theta / 2
+    # The closed form cancels: in float32, 1 - cos(theta) is 0 below theta ~ 3e-4 (c = inf,
+    # NaN poses) and wrong by up to 100 % below ~1e-2. Below theta = 0.5 the series (its
+    # next term theta^6 / 1209600 is < 2e-7 of c) is exact to float32 round-off.
+    small = th2 < 0.25
+    th2s = jnp.where(small, 1.0, th2)
+    x = 0.5 * jnp.sqrt(th2s)
+    c = jnp.where(small, 1.0 / 12.0 + th2 / 720.0 + th2 * th2 / 30240.0,
+                  (1.0 - x * jnp.cos(x) / jnp.sin(x)) / th2s)
     k = skew(phi)
     eye = jnp.eye(3, dtype=T.dtype)
     vinv = eye - 0.5 * k + c[..., None, None] * (k @ k)
