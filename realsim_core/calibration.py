@@ -1119,10 +1119,10 @@ class CalibrationSession:
         (params, pose_state, colour_state, data loss, finite). Two jitted functions
         (`_StepPair`): a colour step differentiates the L1 loss with respect to the
         appearance only, a pose step the SSIM + L1 + prior objective with respect to the
-        poses only. One function computing every gradient and selecting
-        (sessions 1-28) did both jobs in every step, ~15-25 % more per step at 212x120;
-        a `lax.cond` between the two was slower still on the CPU (docs/calibration.md
-        "Session 29").
+        poses only. Until session 29 one function computed every gradient and selected:
+        the split saves 22-26 % of a step at 212x120 (7-26 % at 106x60); a `lax.cond`
+        between the two was slower than that one function on the CPU
+        (docs/calibration.md "Session 29").
         """
         if level in self._steps:
             return self._steps[level]
