@@ -1140,7 +1140,7 @@ class CalibrationSession:
 
             loss(params) -> (objective, data term); the other groups get zero gradients.
             """
-            part = {k: params[k] for k in keys if k in params}
+            part = {k: params[k] for k in keys}    # every group is always present
             (_, data), g = jax.value_and_grad(lambda x: loss({**params, **x}),
                                               has_aux=True)(part)
             grads = {k: g[k] if k in g else jnp.zeros_like(v) for k, v in params.items()}
