@@ -1011,10 +1011,12 @@ class CalibrationSession:
     def precompile(self, levels=None) -> None:
         """Compile the jitted functions a run will call, in a background thread.
 
-        In the order a run needs them: the step function of every level in `levels`
-        (default: all), the held-out scorers of the flat-colour levels (`_better_of`)
-        and the camera guard's renderer. The main thread meanwhile paints the colours,
-        scores the start and runs the first level; each function's first call takes its
+        In the order a run needs them: the finest level's held-out scorer (`start`
+        scores the start with it while the main thread paints), the step function of
+        every level in `levels` (default: all), the held-out scorers of the flat-colour
+        levels (`_better_of`) and the camera guard's renderer. The main thread meanwhile
+        paints the colours, scores the start and runs the first level; each function's
+        first call takes its
         executable (waiting for it if its compilation is under way). Same executables as
         `jit` would build: the results do not change (tests/test_calibration.py).
         Functions already compiled, or compiled when the call comes first, are not
@@ -1030,8 +1032,10 @@ class CalibrationSession:
                      {**self.nominal, "qbar": self.qbar}, jnp.asarray(True), jnp.float32(1.0))
         one = (self.params, self.bufs, jnp.zeros(1, jnp.int32))
         last = len(self.cfg.levels) - 1
-        jobs = [(self._step_fn(li), step_args) for li in levels]
-        jobs += [(self._eval_fn(li), one) for li in levels if li < self.cfg.flat_colour_levels]
+        jobs = [(self._eval_fn(last), one)]            # start() scores the start with it
+        jobs += [(self._step_fn(li), step_args) for li in levels]
+        jobs += [(self._eval_fn(li), one) for li in levels
+                 if li < self.cfg.flat_colour_levels and li != last]
         if self.cfg.camera_guard and self.cfg.optimise_cameras:
             jobs.append((self._alpha_fn(last), one))
         for fn, args in jobs:
@@ -1505,13 +1509,17 @@ class CalibrationSession:
         paint = np.asarray(st.plane_paint)
         for pi in range(logits.shape[0]):
             pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
-            lifted = jnp.asarray(pts + 2e-3 * st.planes.normal[pi], jnp.float32)
+            lifted = (pts + 2e-3 * st.planes.normal[pi]).astype(np.float32)
+            seen = {}       # by camera centre: a fixed camera's is the same in every frame
 
-            def usable(c, T, lifted=lifted):
+            def usable(c, T, lifted=lifted, seen=seen):
                 if paint[c] == 0:
                     return np.zeros(len(lifted), bool)
-                return ~np.asarray(occluded_by_planes(st.planes, lifted,
-                                                      jnp.asarray(T[:3, 3], jnp.float32)))
+                centre = T[:3, 3].astype(np.float32)
+                key = centre.tobytes()
+                if key not in seen:
+                    seen[key] = ~occluded_by_planes(st.planes, lifted, centre)
+                return seen[key].copy()
 
             med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
             logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))

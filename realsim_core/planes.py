@@ -301,20 +301,25 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
 def occluded_by_planes(planes: Planes, points, cam_centre):
     """[N] bool: the segment camera -> point crosses a plane's rectangle before the point.
 
-    Points on a plane (within 1 mm) count as not occluded.
+    Points on a plane (within 1 mm) count as not occluded. NumPy in, NumPy out (the host
+    painting calls it 64 times per painting: eagerly dispatched JAX ops cost ~40 Python
+    round trips a call, each a wait for the GIL while a compile thread traces);
+    otherwise `jax.numpy` (traced in the renderer).
     """
+    host = isinstance(points, np.ndarray) and isinstance(cam_centre, np.ndarray)
+    xp = np if host else jnp
     dtype = points.dtype
-    origin, u, v, half = (jnp.asarray(a, dtype) for a in planes[:4])
-    normal = jnp.cross(u, v)
-    occ = jnp.zeros(points.shape[0], bool)
+    origin, u, v, half = (xp.asarray(a, dtype) for a in planes[:4])
+    normal = xp.cross(u, v)
+    occ = xp.zeros(points.shape[0], bool)
     for p in range(origin.shape[0]):
         dc = (cam_centre - origin[p]) @ normal[p]              # camera height over the plane
         dx = (points - origin[p]) @ normal[p]                   # point height
         cross = (dc > 0) & (dx < -1e-3)
-        s = dc / jnp.where(cross, dc - dx, 1.0)                 # fraction along the segment
+        s = dc / xp.where(cross, dc - dx, 1.0)                  # fraction along the segment
         x = cam_centre + s[:, None] * (points - cam_centre)
         a, b = (x - origin[p]) @ u[p], (x - origin[p]) @ v[p]
-        occ = occ | (cross & (jnp.abs(a) <= half[p, 0]) & (jnp.abs(b) <= half[p, 1]))
+        occ = occ | (cross & (xp.abs(a) <= half[p, 0]) & (xp.abs(b) <= half[p, 1]))
     return occ
 
 

@@ -1332,6 +1332,8 @@ def test_precompiled_functions_give_the_same_run_and_are_used(setup):
         np.testing.assert_array_equal(np.asarray(on.accepted[k]), np.asarray(off.accepted[k]))
     assert [on._step_fn(li).compiled_calls > 0 for li in (0, 1)] == [True, True]
     assert [off._step_fn(li).compiled_calls for li in (0, 1)] == [0, 0]
+    # start() scores the start at the finest level on its precompiled scorer too
+    assert on._eval_fn(1).compiled_calls > 0 and off._eval_fn(1).compiled_calls == 0
     # a changed scene (a grown pair list) drops the executables: later calls use jit
     on._set_static(on.static._replace(max_pairs=tuple(2 * p for p in on.static.max_pairs)))
     on.cycle(1, colour_steps=1)

@@ -259,6 +259,20 @@ def test_occlusion_by_planes():
     assert not np.asarray(occluded_by_planes(ONE, pts[:1], jnp.asarray([0.1, 0.0, -1.0])))[0]
 
 
+def test_occlusion_by_planes_on_the_host_matches_the_traced_form():
+    """NumPy in (the host painting), NumPy out, the same answer as the jax.numpy form."""
+    rng = np.random.default_rng(3)
+    pts = rng.uniform([-1.5, -1.5, -1.0], [1.5, 1.5, 1.0], (5000, 3)).astype(np.float32)
+    for cam in ([0.1, 0.0, 1.0], [0.4, -0.2, 0.3], [0.1, 0.0, -1.0]):
+        cam = np.asarray(cam, np.float32)
+        host = occluded_by_planes(ONE, pts, cam)
+        traced = jax.jit(lambda p, c: occluded_by_planes(ONE, p, c))(pts, cam)
+        assert isinstance(host, np.ndarray) and host.dtype == bool
+        np.testing.assert_array_equal(host, np.asarray(traced))
+        if cam[2] > 0:
+            assert 0 < host.sum() < len(pts)          # some points hidden, not all
+
+
 def test_texel_centres_span_the_rectangle():
     c = texel_centres(ONE, 0, 8)
     assert c.shape == (8, 8, 3)
