@@ -1016,9 +1016,9 @@ class CalibrationSession:
         every level in `levels` (default: all), the held-out scorers of the flat-colour
         levels (`_better_of`) and the camera guard's renderer. The main thread meanwhile
         paints the colours, scores the start and runs the first level; each function's
-        first call takes its
-        executable (waiting for it if its compilation is under way). Same executables as
-        `jit` would build: the results do not change (tests/test_calibration.py).
+        first call takes its executable (waiting for it if its compilation is under
+        way). Same executables as `jit` would build: the results do not change
+        (tests/test_calibration.py).
         Functions already compiled, or compiled when the call comes first, are not
         compiled again. One compilation at a time: XLA's compiler uses both cores of a
         small machine already, and two at once took longer than one after the other.
