@@ -539,8 +539,11 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
     excluded) and their composited optical-frame depth (m, divided by the coverage) per
     camera [B, H, W]: (rgbs, alphas, depths).
     """
-    poses = kinematics.forward_batch(static.km, q, params["joint_offsets"], corr,
-                                     params["fixed_deltas"], params["mounted_deltas"])
+    # the jitted form even inside a traced function: its trace (MJX's kinematics, ~45 % of
+    # a pose step's equations) is then made once and reused by every step function with
+    # the same frame count; XLA inlines the call, so the executable is the same
+    poses = kinematics.forward_batch_jit(static.km, q, params["joint_offsets"], corr,
+                                         params["fixed_deltas"], params["mounted_deltas"])
     means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss, poses.bodies)
     colors, opac = _colours(params, static, level)
     packed = None
