@@ -302,8 +302,7 @@ def occluded_by_planes(planes: Planes, points, cam_centre):
     """[N] bool: the segment camera -> point crosses a plane's rectangle before the point.
 
     Points on a plane (within 1 mm) count as not occluded. NumPy in, NumPy out (the host
-    painting calls it 64 times per painting: eagerly dispatched JAX ops cost ~40 Python
-    round trips a call, each a wait for the GIL while a compile thread traces);
+    painting, up to 64 calls a painting, each ~40 eagerly dispatched ops in `jax.numpy`);
     otherwise `jax.numpy` (traced in the renderer).
     """
     host = isinstance(points, np.ndarray) and isinstance(cam_centre, np.ndarray)
