@@ -539,7 +539,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
     excluded) and their composited optical-frame depth (m, divided by the coverage) per
     camera [B, H, W]: (rgbs, alphas, depths).
     """
-    # the jitted form even inside a traced function: its trace (MJX's kinematics, ~45 % of
+    # the jitted form even inside a traced function: its trace (MJX's kinematics, ~44 % of
     # a pose step's equations) is then made once and reused by every step function with
     # the same frame count; XLA inlines the call, so the executable is the same
     poses = kinematics.forward_batch_jit(static.km, q, params["joint_offsets"], corr,
@@ -1037,8 +1037,8 @@ class CalibrationSession:
         last = len(self.cfg.levels) - 1
         jobs = [(self._eval_fn(last), one)]            # start() scores the start with it
         jobs += [(self._step_fn(li), step_args) for li in levels]
-        jobs += [(self._eval_fn(li), one) for li in levels
-                 if li < self.cfg.flat_colour_levels and li != last]
+        # (a scorer submitted twice compiles once: `submit` ignores a pending one)
+        jobs += [(self._eval_fn(li), one) for li in levels if li < self.cfg.flat_colour_levels]
         if self.cfg.camera_guard and self.cfg.optimise_cameras:
             jobs.append((self._alpha_fn(last), one))
         for fn, args in jobs:
@@ -1438,7 +1438,7 @@ class CalibrationSession:
                     continue
                 pc = (pts - T[:3, 3]) @ T[:3, :3]                # world -> optical
                 z = pc[:, 2]
-                ok &= z > 0.02
+                ok = ok & (z > 0.02)                             # not the caller's mask
                 zs = np.where(ok, z, 1.0)
                 ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
                 vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
@@ -1522,7 +1522,7 @@ class CalibrationSession:
                 key = centre.tobytes()
                 if key not in seen:
                     seen[key] = ~occluded_by_planes(st.planes, lifted, centre)
-                return seen[key].copy()
+                return seen[key]
 
             med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
             logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))
