@@ -106,12 +106,6 @@ class CalibrationConfig:
                                                  # the accepted held-out L1 (fitted) by less
                                                  # than this fraction (a rejected pass: 0);
                                                  # 0 runs them all ("Session 28")
-    repaint_extrapolation: float = 0.0           # a repaint pass after an accepted repaint
-                                                 # pass paints (and starts) at the accepted
-                                                 # poses + this x (accepted - the poses that
-                                                 # pass painted at): painted colours pull the
-                                                 # minimum part way back towards their
-                                                 # painting pose ("Session 31")
     repaint_acceptance: str = "fitted"           # what judges a repaint pass on held-out
                                                  # frames: L1 with each estimate's fitted
                                                  # colours ("fitted"), or with colours
@@ -223,9 +217,6 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard"):
             raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
                                f"{self.plane_edges!r}")
-        if not (math.isfinite(self.repaint_extrapolation) and self.repaint_extrapolation >= 0):
-            raise RealsimError("repaint_extrapolation must be a finite number >= 0, got "
-                               f"{self.repaint_extrapolation}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
             raise RealsimError(f"repaint_min_gain must be in [0, 1), got {self.repaint_min_gain}")
         if self.repaint_acceptance not in ("fitted", "painted"):
@@ -1645,8 +1636,6 @@ class CalibrationSession:
         # is not followed by another; docs/calibration.md "Session 28")
         plan = cfg.schedule_plan()
         l1_before = math.nan            # accepted held-out L1 before the last repaint pass
-        painted_at = None               # poses the last repaint pass painted at
-        last_ok = False                 # the last judged estimate was accepted
         for i, (li, warm) in enumerate(plan):
             label = (f"level {li + 1}/{len(cfg.levels)}" if i < len(cfg.levels)
                      else f"repaint {i - len(cfg.levels) + 1}")
@@ -1658,14 +1647,7 @@ class CalibrationSession:
             if i >= len(cfg.levels):    # a repaint pass
                 l1_before = m.holdout_l1
                 self.params = dict(self.accepted)
-                w = cfg.repaint_extrapolation
-                if w > 0 and last_ok and painted_at is not None:
-                    # the pass before moved from its painting poses only part of the way
-                    # to the objective's own minimum: paint further along that move
-                    self.params.update({k: self.params[k] + w * (self.params[k] - painted_at[k])
-                                        for k in POSE_KEYS})
                 self.init_colours_from_frames()
-                painted_at = {k: self.params[k] for k in POSE_KEYS}
                 self._pose_state = self._pose_opt.init(self.params)
             if warm:
                 self.cycle(li, colour_steps=warm)
@@ -1703,8 +1685,8 @@ class CalibrationSession:
                 if li < len(cfg.levels) - 1 and not out_of_time():
                     continue
             # this level's estimate, judged on held-out frames
-            last_ok = self.try_accept(label, painted=(i >= len(cfg.levels)
-                                                      and cfg.repaint_acceptance == "painted"))
+            self.try_accept(label, painted=(i >= len(cfg.levels)
+                                            and cfg.repaint_acceptance == "painted"))
             if out_of_time():
                 break
         self.lr_scale = 1.0

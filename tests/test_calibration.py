@@ -868,65 +868,6 @@ def test_repaint_min_gain_stops_the_repaint_passes(setup, monkeypatch, restore_a
             C.CalibrationConfig(repaint_min_gain=bad)
 
 
-def test_repaint_extrapolation_paints_further_along_the_last_repaint_pass(
-        setup, monkeypatch, restore_appearance):
-    """A repaint pass after an accepted one paints further along that pass's move.
-
-    At the accepted poses + w x (accepted - the poses that pass painted at); the first
-    repaint pass and one after a rejected pass paint at the accepted estimate.
-    """
-    rig, s, qs = setup
-    truth = _fresh(s)
-    delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
-    delta[0, :3] = [0.004, -0.003, 0.002]
-    truth["fixed_deltas"] = jnp.asarray(delta)
-    _reset(s, truth, qs)
-    w = 1.5
-    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=3, repaint_extrapolation=w)
-
-    def pose(p):
-        return {k: np.asarray(p[k]).copy() for k in C.POSE_KEYS}
-
-    painted, accepted = [], []
-    real_init = s.init_colours_from_frames
-
-    def init_colours(*a, **k):
-        painted.append(pose(s.params))
-        accepted.append(pose(s.accepted))
-        return real_init(*a, **k)
-
-    verdicts = iter([True, True, False, True])   # level 1, repaints 1, 2 (rejected), 3
-
-    def judge(label="", painted=False):
-        ok = next(verdicts)
-        if ok:
-            s.accepted = dict(s.params)
-        else:
-            s.restart_optimiser()
-        return ok
-
-    monkeypatch.setattr(s, "init_colours_from_frames", init_colours)
-    monkeypatch.setattr(s, "try_accept", judge)
-    try:
-        s.run()
-    finally:
-        monkeypatch.undo()      # before restore_appearance puts the session back
-    assert len(painted) == 3                     # one painting per repaint pass
-    for k in C.POSE_KEYS:                        # repaint 1: at the level's estimate
-        np.testing.assert_array_equal(painted[0][k], accepted[0][k])
-    moved = accepted[1]["fixed_deltas"] - painted[0]["fixed_deltas"]
-    assert np.abs(moved).max() > 1e-5            # repaint 1 moved: there is a direction
-    for k in C.POSE_KEYS:                        # repaint 2: further along repaint 1's move
-        want = accepted[1][k] + np.float32(w) * (accepted[1][k] - painted[0][k])
-        np.testing.assert_allclose(painted[1][k], want, rtol=1e-6, atol=1e-8)
-        # repaint 3 follows a rejected pass: at the accepted estimate (repaint 1's)
-        np.testing.assert_array_equal(painted[2][k], accepted[2][k])
-        np.testing.assert_array_equal(accepted[2][k], accepted[1][k])
-    for bad in (-0.5, float("nan"), float("inf")):
-        with pytest.raises(C.RealsimError, match="repaint_extrapolation"):
-            C.CalibrationConfig(repaint_extrapolation=bad)
-
-
 def _reset_with_holdout(session, truth_params, qs):
     """As _reset, the last frame held out (painted judges need training frames to paint)."""
     _reset(session, truth_params, qs[:-1])
