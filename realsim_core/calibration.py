@@ -28,9 +28,6 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
-import os
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -185,9 +182,6 @@ class CalibrationConfig:
                                                  # level runs (a cold start overlaps its
                                                  # compilation with work; results are the
                                                  # same: CalibrationSession.precompile)
-    compile_nice: int = 10                       # that thread's niceness on Linux (0 = the
-                                                 # process's): it compiles on the cycles the
-                                                 # steps leave idle instead of slowing them
     seed: int = 0
 
     def __post_init__(self):
@@ -218,8 +212,6 @@ class CalibrationConfig:
         if self.painted_warmup_steps is not None and self.painted_warmup_steps < 0:
             raise RealsimError(f"painted_warmup_steps must be >= 0 or none, got "
                                f"{self.painted_warmup_steps}")
-        if not 0 <= self.compile_nice <= 19:
-            raise RealsimError(f"compile_nice must be in [0, 19], got {self.compile_nice}")
         if self.repaint_passes < 0:
             raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
         if self.plane_edges not in ("soft", "textured", "hard"):
@@ -797,22 +789,6 @@ class _StepPair:
         return fn(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale)
 
 
-def _lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's niceness by `nice` (Linux; elsewhere, or 0, nothing).
-
-    On Linux a thread is a task with its own nice value, and the threads it starts (XLA's
-    compiler workers) inherit it. A process may always lower its own priority; it cannot
-    raise it back, so only a dedicated thread should call this.
-    """
-    if nice <= 0 or not sys.platform.startswith("linux"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-    except OSError as e:       # a sandbox without setpriority: compile at the same priority
-        _LOG.debug("could not lower the compile thread's priority (%s)", e)
-
-
 class _Precompiled:
     """A jitted function whose executable may be compiled ahead of time elsewhere.
 
@@ -1053,8 +1029,7 @@ class CalibrationSession:
         levels = range(len(self.cfg.levels)) if levels is None else levels
         if self._compiler is None:
             self._compiler = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="realsim-compile",
-                initializer=_lower_thread_priority, initargs=(self.cfg.compile_nice,))
+                max_workers=1, thread_name_prefix="realsim-compile")
         idx = jnp.zeros(self.cfg.batch_frames, jnp.int32)
         step_args = (self.params, self._pose_state, self._colour_state, self.bufs, idx,
                      {**self.nominal, "qbar": self.qbar}, jnp.asarray(True), jnp.float32(1.0))

@@ -7,10 +7,6 @@ end-to-end runs are the benchmark's job (docs/calibration.md).
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -1300,8 +1296,7 @@ def test_precompiled_functions_give_the_same_run_and_are_used(setup):
 
     Two levels, so the second level's step compiles while the first runs. Same seed and
     frames with and without: the accepted estimate, the losses and the held-out scores
-    agree bit for bit, and each level's steps ran on the ahead-of-time executable. The
-    compile thread runs `compile_nice` below the caller's priority (Linux).
+    agree bit for bit, and each level's steps ran on the ahead-of-time executable.
     """
     rig, s0, qs = setup
     cfg = s0.cfg.replace(levels=(2, 1), cycles_per_level=(2, 2), pose_steps=2,
@@ -1313,7 +1308,6 @@ def test_precompiled_functions_give_the_same_run_and_are_used(setup):
     delta[0] = [0.004, -0.003, 0.002, 0.003, 0.0, -0.002]
     truth["fixed_deltas"] = jnp.asarray(delta)
     targets = _render_targets(s0, truth, qs)
-    nice_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     runs = []
     for precompile in (False, True):
         s = C.CalibrationSession(rig, load_mjmodel(rig), s0.full_intrinsics, gauss,
@@ -1340,12 +1334,6 @@ def test_precompiled_functions_give_the_same_run_and_are_used(setup):
     assert [off._step_fn(li).compiled_calls for li in (0, 1)] == [0, 0]
     # start() scores the start at the finest level on its precompiled scorer too
     assert on._eval_fn(1).compiled_calls > 0 and off._eval_fn(1).compiled_calls == 0
-    # the compile thread runs at a lower priority (Linux), the caller's stays as it was
-    if sys.platform.startswith("linux"):
-        def nice():
-            return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        assert nice() == nice_before
-        assert on._compiler.submit(nice).result() == min(19, nice_before + cfg.compile_nice)
     # a changed scene (a grown pair list) drops the executables: later calls use jit
     on._set_static(on.static._replace(max_pairs=tuple(2 * p for p in on.static.max_pairs)))
     on.cycle(1, colour_steps=1)
