@@ -123,8 +123,9 @@ class CalibrationConfig:
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
-                                                 # at textured levels only); docs/calibration.md
-                                                 # "Session 13" has the measurements
+                                                 # at textured levels only), "repaint" (soft
+                                                 # in the repaint passes only); docs/
+                                                 # calibration.md "Session 13", "Session 33"
     prior_weight: float = 0.001                  # weight of the prior term vs the image loss
     prior_weight_last: float | None = 1e-4       # ... at the last level of a schedule of
                                                  # two or more (None: prior_weight); see
@@ -214,9 +215,9 @@ class CalibrationConfig:
                                f"{self.painted_warmup_steps}")
         if self.repaint_passes < 0:
             raise RealsimError(f"repaint_passes must be >= 0, got {self.repaint_passes}")
-        if self.plane_edges not in ("soft", "textured", "hard"):
-            raise RealsimError("plane_edges must be 'soft', 'textured' or 'hard', got "
-                               f"{self.plane_edges!r}")
+        if self.plane_edges not in ("soft", "textured", "hard", "repaint"):
+            raise RealsimError("plane_edges must be 'soft', 'textured', 'hard' or 'repaint', "
+                               f"got {self.plane_edges!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
             raise RealsimError(f"repaint_min_gain must be in [0, 1), got {self.repaint_min_gain}")
         if self.repaint_acceptance not in ("fitted", "painted"):
@@ -612,7 +613,7 @@ def _planes_at_level(static: _Static, level: int) -> Planes | None:
     planes are as found (only clips of larger planes are hard).
     """
     planes = static.planes
-    if planes is not None and (static.plane_edges == "hard" or (
+    if planes is not None and (static.plane_edges in ("hard", "repaint") or (
             static.plane_edges == "textured" and level < static.flat_levels)):
         planes = planes._replace(clipped=np.ones((len(planes.names), 2), bool))
     return planes
@@ -1645,6 +1646,8 @@ class CalibrationSession:
                     m.repaints_skipped = len(plan) - i
                     break
             if i >= len(cfg.levels):    # a repaint pass
+                if cfg.plane_edges == "repaint" and self.static.plane_edges != "soft":
+                    self._soften_plane_edges()
                 l1_before = m.holdout_l1
                 self.params = dict(self.accepted)
                 self.init_colours_from_frames()
@@ -1693,6 +1696,16 @@ class CalibrationSession:
         self.params = dict(self.accepted)
         self._cancel_precompiled()      # a budget cut the schedule short: nothing to wait for
         return m
+
+    def _soften_plane_edges(self) -> None:
+        """Soft plane outlines from here on (`plane_edges: repaint`), judged alike.
+
+        The jitted functions are rebuilt for the new scene, and the accepted estimate is
+        scored again with it, so that the next acceptance test compares two estimates
+        rendered the same way (a hard and a soft outline differ by ~1 % of held-out L1).
+        """
+        self._set_static(self.static._replace(plane_edges="soft"))
+        self.metrics.holdout_l1 = self.holdout_residual(self.accepted)
 
     def _better_of(self, last, mean, level: int | None = None):
         """The last iterate or the iterate mean, whichever has the lower held-out L1.

@@ -130,8 +130,8 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
             ("wrist_weight", "--set wants NAME=VALUE, got 'wrist_weight'"),
             ("wrist_weight=heavy", "calibration setting wrist_weight: cannot read 'heavy' "
                                    "as float"),
-            ("plane_edges=round", "plane_edges must be 'soft', 'textured' or 'hard', got "
-                                  "'round'"),
+            ("plane_edges=round", "plane_edges must be 'soft', 'textured', 'hard' or "
+                                  "'repaint', got 'round'"),
             ("object.stepz=3", "unknown object setting 'stepz' (did you mean steps?)"),
             ("object.steps=many", "object setting steps: cannot read 'many' as int"),
             ("object.", "--set wants NAME=VALUE, got 'object.'"),
@@ -170,3 +170,52 @@ def test_judgement_line_names_rejected_estimates():
                             "held-out L1 too little (< 0.5 %)")
     judged[2]["painted"] = True
     assert ", repaint 2 0.0509 (painted) rejected;" in judgement_line(judged)
+
+
+def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only(tmp_path):
+    """`plane_edges: repaint`: hard outlines at the levels, soft ones in the repaint passes.
+
+    The accepted estimate is scored again with the soft outlines before the first repaint
+    pass, so that its acceptance test compares two estimates rendered alike.
+    """
+    import numpy as np
+
+    from realsim_core import calibration as C
+    from realsim_core.offline import OfflineOptions, load_session
+
+    rec = _tiny_recording(tmp_path, frames=4, seed=5)
+    s, _, _ = load_session(rec, OfflineOptions(
+        levels=(1,), flat_levels=0, steps_scale=0.1, n_gaussians=1000, max_frames=4,
+        progress=False, repaint_passes=1, plane_edges="repaint",
+        settings=(("cull_backfaces", "false"), ("precompile", "false"))))
+    assert s.cfg.plane_edges == "repaint" and s.static.planes is not None
+    natural = np.asarray(s.static.planes.clipped)
+    assert not natural.all()          # the table top's outline can be soft on this rig
+    seen, scores = [], {}
+    real_cycle, real_soften = s.cycle, s._soften_plane_edges
+
+    def cycle(level=None, colour_steps=None):
+        seen.append((len(s.metrics.judgements),      # 0: the level, 1: the repaint pass
+                     np.asarray(C._planes_at_level(s.static, level).clipped).copy()))
+        return real_cycle(level, colour_steps)
+
+    def soften():
+        scores["hard"] = s.holdout_residual(s.accepted)
+        scores["accepted"] = s.accepted
+        real_soften()
+        scores["rescored"] = s.metrics.holdout_l1
+
+    s.cycle, s._soften_plane_edges = cycle, soften
+    s.run()
+    assert sorted({j for j, _ in seen}) == [0, 1]     # the level, then one repaint pass
+    for j, clipped in seen:
+        if j == 0:
+            assert clipped.all()                      # the level: every outline hard
+        else:
+            np.testing.assert_array_equal(clipped, natural)   # the pass: as found
+    assert s.static.plane_edges == "soft" and s.cfg.plane_edges == "repaint"
+    # the accepted estimate was scored again, with the soft outline, before the pass
+    assert scores["rescored"] != scores["hard"]
+    assert scores["rescored"] == s.holdout_residual(scores["accepted"])
+    (_, _, h_level, _, _), (_, _, h_pass, ok, _) = s.metrics.judgements[-2:]
+    assert ok == (h_pass <= scores["rescored"])

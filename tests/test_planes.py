@@ -319,6 +319,8 @@ def test_plane_edges_option_picks_hard_or_soft_outlines_per_level():
     np.testing.assert_array_equal(at("soft", 0), clips)
     np.testing.assert_array_equal(at("textured", 1), clips)
     assert at("textured", 0).all() and at("hard", 0).all() and at("hard", 1).all()
+    # "repaint": hard at every level; the session softens them for its repaint passes
+    assert at("repaint", 0).all() and at("repaint", 1).all()
     with pytest.raises(C.RealsimError, match="plane_edges"):
         C.CalibrationConfig(plane_edges="fuzzy")
 
