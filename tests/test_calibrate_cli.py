@@ -201,9 +201,11 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
 
     def soften():
         scores["hard"] = s.holdout_residual(s.accepted)
+        scores["start_hard"] = s.metrics.holdout_l1_start
         scores["accepted"] = s.accepted
         real_soften()
         scores["rescored"] = s.metrics.holdout_l1
+        scores["start_rescored"] = s.metrics.holdout_l1_start
 
     s.cycle, s._soften_plane_edges = cycle, soften
     s.run()
@@ -217,5 +219,9 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
     # the accepted estimate was scored again, with the soft outline, before the pass
     assert scores["rescored"] != scores["hard"]
     assert scores["rescored"] == s.holdout_residual(scores["accepted"])
+    # ... and so was the start: "never worse than the start" compares like with like
+    assert scores["start_rescored"] != scores["start_hard"]
+    assert scores["start_rescored"] == s.holdout_residual(s._start_params)
+    assert s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
     (_, _, h_level, _, _), (_, _, h_pass, ok, _) = s.metrics.judgements[-2:]
     assert ok == (h_pass <= scores["rescored"])
