@@ -35,7 +35,10 @@ class OfflineOptions:
                                       # but the last level; docs/calibration.md)
     seed: int = 0
     progress: bool = True
-    plane_edges: str = "hard"         # CalibrationConfig.plane_edges
+    plane_edges: str = "repaint"      # CalibrationConfig.plane_edges: a hard table outline
+                                      # at the levels, a soft one in the repaint passes
+                                      # (docs/calibration.md "Session 33"; the engine's
+                                      # default is "hard")
     textured_start: str = "paint"     # CalibrationConfig.textured_start: the first textured
                                       # level's colours painted afresh at the flat estimate
     painted_warmup_steps: int | None = None  # CalibrationConfig.painted_warmup_steps

@@ -53,6 +53,7 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert m["config"]["wrist_weight"] == 0.5 and m["config"]["cull_backfaces"] is False
     assert m["config"]["pose_steps"] == 3
     assert m["config"]["levels"] == [1] and m["config"]["fixed_weight"] == 1.0
+    assert m["config"]["plane_edges"] == "repaint"        # the offline default
     # the appearance-free check of every camera, start and calibrated (px, capped at 8)
     for key in ("edge_distance_px_start", "edge_distance_px"):
         assert set(m[key]) == set(cal.cameras)

@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
                    help="the first N levels render one colour per link side, so the colours "
                         "cannot absorb a misregistration (default 1; never the last level)")
     p.add_argument("--plane-edges", choices=("hard", "textured", "soft", "repaint"),
-                   default="hard",
-                   help="outline of the table top: hard (no pose gradient; default), soft "
+                   default="repaint",
+                   help="outline of the table top: hard (no pose gradient), soft "
                         "(anti-aliased, its edge pulls the camera poses), textured (soft after "
-                        "the flat levels), repaint (soft in the repaint passes only); see "
-                        "docs/calibration.md")
+                        "the flat levels), repaint (hard at the levels, soft in the repaint "
+                        "passes; default); see docs/calibration.md")
     p.add_argument("--textured-start", choices=("paint", "flat"), default="paint",
                    help="colours of the first level after the flat ones: painted afresh from "
                         "the images at the flat level's estimate (default), or the flat "
