@@ -85,25 +85,51 @@ def _find_rig(rec_dir: Path, bag_dir: Path, rig: str | None) -> str:
 
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int):
-        self.enabled = enabled and sys.stderr.isatty()
+    """Progress of `CalibrationSession.run` on stderr.
+
+    A terminal gets a bar redrawn in place; anything else (a log file, a CI job, a pipe)
+    gets one plain line at the first step and then at most every `interval_s` seconds,
+    so a run of many minutes is never silent, naming each acceptance test since the last
+    line.
+    """
+
+    def __init__(self, enabled: bool, total: int, stream=None, tty: bool | None = None,
+                 interval_s: float = 30.0, clock=time.monotonic):
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.enabled = enabled
         self.total = max(total, 1)
-        self.t0 = time.monotonic()
+        self.interval_s = interval_s
+        self.clock = clock
+        self.t0 = clock()
+        self.last_line = None        # when the last plain line was written
+        self.judged = 0              # acceptance tests already named
 
     def __call__(self, m) -> None:
         if not self.enabled:
             return
-        frac = min(m.steps / self.total, 1.0)
-        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-        sys.stderr.write(
-            f"\r[{bar}] {m.steps}/{self.total} steps  {m.steps_per_s:.2f} steps/s  "
-            f"loss {m.loss:.4f}  held-out L1 {m.holdout_l1:.4f}  "
-            f"{time.monotonic() - self.t0:.0f}s ")
-        sys.stderr.flush()
+        now = self.clock()
+        status = (f"{m.steps}/{self.total} steps  {m.steps_per_s:.2f} steps/s  "
+                  f"loss {m.loss:.4f}  held-out L1 {m.holdout_l1:.4f}  {now - self.t0:.0f}s")
+        if self.tty:
+            frac = min(m.steps / self.total, 1.0)
+            bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+            self.stream.write(f"\r[{bar}] {status} ")
+        else:
+            if self.last_line is not None and now - self.last_line < self.interval_s:
+                return
+            tests = [f"{lab} {h:.4f} {'accepted' if ok else 'rejected'}"
+                     for lab, _, h, ok, _ in m.judgements[self.judged:]]
+            self.judged = len(m.judgements)
+            self.stream.write(f"calibrate: {status}"
+                              + (f"  (held-out test: {', '.join(tests)})" if tests else "")
+                              + "\n")
+            self.last_line = now
+        self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+        if self.enabled and self.tty:
+            self.stream.write("\n")
 
 
 def calibration_config(opts: OfflineOptions):

@@ -35,6 +35,7 @@ def test_calibrate_writes_contract_outputs(tmp_path):
                    "--set", "cull_backfaces=false")
     assert res.returncode == 0, res.stderr
     assert "TCP error" in res.stdout                      # evaluate table printed
+    assert "calibrate: " not in res.stderr                # --no-progress: no progress lines
     cal = read_calibration(out / "calibration.yaml")     # parses with the contract reader
     assert set(cal.cameras) == {"cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"}
     assert len(cal.joint_offsets) == 14
@@ -96,9 +97,13 @@ def test_calibrate_says_which_repaint_passes_it_skipped(tmp_path):
     rec = _tiny_recording(tmp_path, frames=4, seed=4)
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.1",
-                   "--gaussians", "1000", "--max-frames", "4", "--no-progress",
+                   "--gaussians", "1000", "--max-frames", "4",
                    "--repaint-passes", "2", "--set", "repaint_min_gain=0.9")
     assert res.returncode == 0, res.stderr
+    # stderr is a pipe, not a terminal: plain progress lines, no bar redrawn in place
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("calibrate: ")]
+    assert lines and "\r" not in res.stderr
+    assert " steps/s  loss " in lines[0] and "held-out L1 " in lines[0]
     m = json.loads((out / "metrics.json").read_text())
     assert m["config"]["repaint_min_gain"] == 0.9 and m["repaints_skipped"] == 1
     assert [j["estimate"] for j in m["judgements"]] == ["level 1/1", "repaint 1"]
@@ -152,6 +157,50 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     assert res.stderr.strip().splitlines() == [
         "realsim calibrate: error: cycles_per_level needs one entry per level: levels "
         "(4, 2, 1), cycles_per_level (30, 10)"]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_every_interval_elsewhere():
+    """Progress on stderr: a bar on a terminal, plain lines elsewhere.
+
+    A log file gets a line at the first step, then at most one per interval, naming the
+    acceptance tests made since the last line; a terminal gets the bar redrawn in place.
+    """
+    import io
+    from types import SimpleNamespace
+
+    from realsim_core.offline import _Progress
+
+    now = [100.0]
+    m = SimpleNamespace(steps=0, steps_per_s=0.0, loss=0.5, holdout_l1=0.25, judgements=[])
+    log = io.StringIO()
+    p = _Progress(True, 200, stream=log, tty=False, interval_s=30.0, clock=lambda: now[0])
+    for t, steps in ((101.0, 4), (120.0, 40), (131.5, 60), (140.0, 70), (162.0, 90)):
+        now[0], m.steps, m.steps_per_s = t, steps, steps / (t - 100.0)
+        if steps == 60:     # the level judged between the lines at 101 s and 131.5 s
+            m.judgements.append(("level 2/2", 56, 0.0312, True, False))
+        if steps == 90:
+            m.judgements.append(("repaint 1", 88, 0.0315, False, False))
+        p(m)
+    p.close()
+    lines = log.getvalue().splitlines()
+    assert lines == [
+        "calibrate: 4/200 steps  4.00 steps/s  loss 0.5000  held-out L1 0.2500  1s",
+        "calibrate: 60/200 steps  1.90 steps/s  loss 0.5000  held-out L1 0.2500  32s"
+        "  (held-out test: level 2/2 0.0312 accepted)",
+        "calibrate: 90/200 steps  1.45 steps/s  loss 0.5000  held-out L1 0.2500  62s"
+        "  (held-out test: repaint 1 0.0315 rejected)",
+    ]
+    tty = io.StringIO()
+    p = _Progress(True, 200, stream=tty, tty=True, clock=lambda: now[0])
+    p(m)
+    p.close()
+    assert tty.getvalue().startswith("\r[#############-----------------] 90/200 steps")
+    assert tty.getvalue().endswith("\n") and tty.getvalue().count("\n") == 1
+    off = io.StringIO()
+    p = _Progress(False, 200, stream=off, tty=False, clock=lambda: now[0])
+    p(m)
+    p.close()
+    assert off.getvalue() == ""
 
 
 def test_judgement_line_names_rejected_estimates():

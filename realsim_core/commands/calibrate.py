@@ -60,7 +60,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-objects", dest="objects", action="store_false")
     p.add_argument("--object-steps", type=int, metavar="N",
                    help="Adam steps per object (default 600)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress output (a bar on a terminal, else a line every 30 s)")
     p.set_defaults(func=run, objects=False)
 
 
