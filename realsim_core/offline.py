@@ -109,6 +109,8 @@ class _Progress:
         if not self.enabled:
             return
         now = self.clock()
+        if not self.tty and self.last_line is not None and now - self.last_line < self.interval_s:
+            return
         status = (f"{m.steps}/{self.total} steps  {m.steps_per_s:.2f} steps/s  "
                   f"loss {m.loss:.4f}  held-out L1 {m.holdout_l1:.4f}  {now - self.t0:.0f}s")
         if self.tty:
@@ -116,8 +118,6 @@ class _Progress:
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
             self.stream.write(f"\r[{bar}] {status} ")
         else:
-            if self.last_line is not None and now - self.last_line < self.interval_s:
-                return
             tests = [f"{lab} {h:.4f} {'accepted' if ok else 'rejected'}"
                      for lab, _, h, ok, _ in m.judgements[self.judged:]]
             self.judged = len(m.judgements)
