@@ -84,6 +84,17 @@ def _find_rig(rec_dir: Path, bag_dir: Path, rig: str | None) -> str:
     raise RealsimError(f"no rig.yaml beside {bag_dir}; pass --rig RIG (or --rig builtin:aloha2)")
 
 
+def format_judgement(label: str, step: int, holdout_l1: float, accepted: bool,
+                     painted: bool = False) -> str:
+    """One acceptance test as the terminal shows it: `repaint 1 0.0366 accepted`.
+
+    "(painted)" marks a test on painted colours (CalibrationConfig.repaint_acceptance).
+    """
+    kind = " (painted)" if painted else ""
+    return (f"{label or 'step ' + str(step)} {holdout_l1:.4f}{kind} "
+            f"{'accepted' if accepted else 'rejected'}")
+
+
 class _Progress:
     """Progress of `CalibrationSession.run` on stderr.
 
@@ -118,8 +129,7 @@ class _Progress:
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
             self.stream.write(f"\r[{bar}] {status} ")
         else:
-            tests = [f"{lab} {h:.4f} {'accepted' if ok else 'rejected'}"
-                     for lab, _, h, ok, _ in m.judgements[self.judged:]]
+            tests = [format_judgement(*j) for j in m.judgements[self.judged:]]
             self.judged = len(m.judgements)
             self.stream.write(f"calibrate: {status}"
                               + (f"  (held-out test: {', '.join(tests)})" if tests else "")

@@ -136,12 +136,10 @@ def judgement_line(judgements: list[dict], camera_reverts: int = 0, repaints_ski
     "(painted)" marks a test of painted colours (CalibrationConfig.repaint_acceptance);
     `repaints_skipped` passes were not run (CalibrationConfig.repaint_min_gain = `min_gain`).
     """
-    parts = []
-    for j in judgements:
-        verdict = "accepted" if j["accepted"] else "rejected"
-        kind = " (painted)" if j.get("painted") else ""
-        parts.append(f"{j['estimate'] or 'step ' + str(j['step'])} "
-                     f"{j['holdout_l1']:.4f}{kind} {verdict}")
+    from realsim_core.offline import format_judgement
+
+    parts = [format_judgement(j["estimate"], j["step"], j["holdout_l1"], j["accepted"],
+                              bool(j.get("painted"))) for j in judgements]
     n_rej = sum(not j["accepted"] for j in judgements)
     line = "held-out test (lower is better): " + ", ".join(parts)
     if n_rej:
