@@ -27,7 +27,7 @@ class OfflineOptions:
 
     rig: str | None = None            # rig file; default: rig.yaml beside the bag
     max_frames: int = 48
-    n_gaussians: int = 16000
+    n_gaussians: int = 8000           # the known scene's Gaussians (`--gaussians`)
     time_budget_s: float | None = None
     steps_scale: float = 1.0          # multiplies the schedule's cycles per level
     levels: tuple[int, ...] = (2, 1)

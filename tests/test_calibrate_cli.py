@@ -275,3 +275,22 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
     assert s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
     (_, _, h_level, _, _), (_, _, h_pass, ok, _) = s.metrics.judgements[-2:]
     assert ok == (h_pass <= scores["rescored"])
+
+
+def test_cli_defaults_are_the_library_defaults():
+    """`realsim calibrate` with no options runs what `OfflineOptions()` describes.
+
+    (The bench states its own Gaussian budget; a library caller that leaves it out gets
+    the CLI's.)
+    """
+    from realsim_core.cli import build_parser
+    from realsim_core.offline import OfflineOptions
+
+    a = build_parser().parse_args(["calibrate", "rec", "--out", "cal"])
+    d = OfflineOptions()
+    got = dict(max_frames=a.max_frames, n_gaussians=a.gaussians, time_budget_s=a.time_budget,
+               steps_scale=a.steps, levels=tuple(int(x) for x in a.levels.split(",")),
+               flat_levels=a.flat_levels, plane_edges=a.plane_edges,
+               repaint_passes=a.repaint_passes, textured_start=a.textured_start,
+               wrist_weight=a.wrist_weight, seed=a.seed, objects=a.objects)
+    assert got == {k: getattr(d, k) for k in got}
