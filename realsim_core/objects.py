@@ -1124,13 +1124,15 @@ def shared_camera_deltas(deltas: list[np.ndarray], seen: list[set], n_cameras: i
 def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = None,
                                 mask_cfg: MaskConfig | None = None,
                                 label_masks: list[np.ndarray | None] | None = None,
-                                density: float = 500.0, log=None):
+                                density: float = 500.0, log=None, progress=None):
     """Objects of a calibrated session -> exported meshes + `ObjectCalibration`s.
 
     label_masks: per view of `session_views` an instance label image (from the
     `/cam_*/object_mask` topic) or None; without them masks are derived from the residual
     to the calibrated render. Writes `out_dir/<name>.{obj,stl,xml}` and the textured OBJ.
-    Returns (list of ObjectCalibration, list of ObjectResult, per-object masks).
+    log(message): what was found and fitted; progress(fit, step, steps, loss): every 25
+    steps of each fit (fit: the object's name, "<name> (shared cameras)" in the second
+    fit). Returns (list of ObjectCalibration, list of ObjectResult, per-object masks).
     """
     from realsim_core.calibration_io import ObjectCalibration
     from realsim_core.export import export_object
@@ -1152,12 +1154,18 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
         log(f"{len(objects)} object(s) found in {len(views)} views")
     robot = session_occluder_depths(session) if cfg.occlusion else None
     n_cam = len(session.cameras)
+
+    def steps_of(fit):
+        if progress is None:
+            return None
+        return lambda k, loss, _terms: progress(fit, k + 1, cfg.steps, loss)
+
     fitted = []  # (name, views, result)
     for k in range(len(objects)):
         name = f"object_{k}"
         vs = object_views(views, objects, k, cfg.occlusion, robot)
         try:
-            r = reconstruct_object(vs, cfg, name, n_cam)
+            r = reconstruct_object(vs, cfg, name, n_cam, callback=steps_of(name))
         except RealsimError as exc:
             if log:
                 log(f"{name}: skipped ({exc})")
@@ -1176,7 +1184,8 @@ def reconstruct_session_objects(session, out_dir, cfg: ObjectConfig | None = Non
         fixed = cfg.replace(refine_cameras=False)
         refits = []
         for name, vs, _ in fitted:
-            r = reconstruct_object(vs, fixed, name, n_cam, camera_deltas=xi)
+            r = reconstruct_object(vs, fixed, name, n_cam, camera_deltas=xi,
+                                   callback=steps_of(f"{name} (shared cameras)"))
             refits.append((name, vs, r))
             if log:
                 log(f"{name}: fitted again with the shared cameras, {r.seconds:.0f} s")

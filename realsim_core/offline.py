@@ -142,6 +142,34 @@ class _Progress:
             self.stream.write("\n")
 
 
+class _FitProgress:
+    """Progress of the object fits (`--objects`) on stderr.
+
+    One line at each fit's first step, then at most one every `interval_s` seconds; the
+    end of each fit is logged by `reconstruct_session_objects` itself.
+    """
+
+    def __init__(self, enabled: bool, stream=None, interval_s: float = 30.0,
+                 clock=time.monotonic):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self.clock = clock
+        self.t0 = clock()
+        self.last_line = None
+
+    def __call__(self, fit: str, step: int, steps: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        now = self.clock()
+        if step > 1 and self.last_line is not None and now - self.last_line < self.interval_s:
+            return
+        self.stream.write(f"calibrate: objects: {fit} {step}/{steps} steps  loss {loss:.4f}  "
+                          f"{now - self.t0:.0f}s\n")
+        self.stream.flush()
+        self.last_line = now
+
+
 def calibration_config(opts: OfflineOptions):
     """The `CalibrationConfig` of an offline run: the options, then `opts.settings`.
 
@@ -314,7 +342,7 @@ def _reconstruct_objects(session, bag, out: Path, opts: OfflineOptions, calib):
         print(f"realsim calibrate: objects: {msg}", file=sys.stderr)
 
     objs, _, _ = reconstruct_session_objects(session, out / "meshes", cfg, label_masks=labels,
-                                             log=log)
+                                             log=log, progress=_FitProgress(opts.progress))
     if objs:
         from realsim_core.export import write_scene_mjcf
 

@@ -203,6 +203,30 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_every_interval_elsewhere():
     assert off.getvalue() == ""
 
 
+def test_object_fit_progress_is_a_line_per_fit_and_every_interval():
+    """`--objects` progress: each fit's first step, then at most one line per interval."""
+    import io
+
+    from realsim_core.offline import _FitProgress
+
+    now = [50.0]
+    log = io.StringIO()
+    p = _FitProgress(True, stream=log, interval_s=30.0, clock=lambda: now[0])
+    for t, fit, step, loss in ((52.0, "object_0", 1, 0.5), (70.0, "object_0", 26, 0.25),
+                               (83.0, "object_0", 51, 0.125), (90.0, "object_1", 1, 0.75),
+                               (100.0, "object_1", 26, 0.5)):
+        now[0] = t
+        p(fit, step, 600, loss)
+    assert log.getvalue().splitlines() == [
+        "calibrate: objects: object_0 1/600 steps  loss 0.5000  2s",
+        "calibrate: objects: object_0 51/600 steps  loss 0.1250  33s",
+        "calibrate: objects: object_1 1/600 steps  loss 0.7500  40s",
+    ]
+    off = io.StringIO()
+    _FitProgress(False, stream=off)("object_0", 1, 600, 0.5)
+    assert off.getvalue() == ""
+
+
 def test_judgement_line_names_rejected_estimates():
     from realsim_core.commands.calibrate import judgement_line
 

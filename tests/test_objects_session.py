@@ -78,9 +78,19 @@ def test_calibrate_objects_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr
     out = tmp_path / "cal"
     res = _realsim("calibrate", str(rec), "--out", str(out), "--levels", "1", "--steps", "0.05",
-                   "--gaussians", "1500", "--max-frames", "3", "--no-progress", "--objects",
+                   "--gaussians", "1500", "--max-frames", "3", "--objects",
                    "--object-steps", "30", "--set", "object.crop_px=32")
     assert res.returncode == 0, res.stderr
+    # progress in a log (stderr is a pipe): the calibration's lines, then each object fit's
+    # line at its first step
+    lines = res.stderr.splitlines()
+    fits = [ln.split("  ")[0] for ln in lines if ln.startswith("calibrate: objects: ")]
+    for fit in ("object_0", "object_1", "object_0 (shared cameras)",
+                "object_1 (shared cameras)"):
+        assert f"calibrate: objects: {fit} 1/30 steps" in fits, res.stderr
+    first_fit = next(i for i, ln in enumerate(lines) if ln.startswith("calibrate: objects: "))
+    assert any(ln.startswith("calibrate: ") and " steps/s " in ln
+               for ln in lines[:first_fit]), res.stderr
     cal = read_calibration(out / "calibration.yaml")
     assert len(cal.objects) == 2, res.stderr
     assert "cameras fixed at the objects' median deltas" in res.stderr
