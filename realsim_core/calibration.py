@@ -44,6 +44,7 @@ from realsim_core import kinematics, losses
 from realsim_core.errors import RealsimError
 from realsim_core.planes import (
     Planes,
+    fill_unseen_texels,
     find_planes,
     hidden_or_on_planes,
     occluded_by_planes,
@@ -120,6 +121,10 @@ class CalibrationConfig:
     wrist_weight: float = 0.1                    # image weight of wrist cameras (pose steps)
     colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
+    plane_fill: str = "keep"                     # painted plane texels no camera sees:
+                                                 # "keep" their colour or "nearest" (the
+                                                 # nearest seen texel's; docs/calibration.md
+                                                 # "Session 35")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -218,6 +223,8 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard", "repaint"):
             raise RealsimError("plane_edges must be 'soft', 'textured', 'hard' or 'repaint', "
                                f"got {self.plane_edges!r}")
+        if self.plane_fill not in ("keep", "nearest"):
+            raise RealsimError(f"plane_fill must be 'keep' or 'nearest', got {self.plane_fill!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
             raise RealsimError(f"repaint_min_gain must be in [0, 1), got {self.repaint_min_gain}")
         if self.repaint_acceptance not in ("fitted", "painted"):
@@ -1527,6 +1534,8 @@ class CalibrationSession:
                 return seen[key]
 
             med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
+            if self.cfg.plane_fill == "nearest":
+                med = fill_unseen_texels(med.reshape(logits[pi].shape)).reshape(-1, 3)
             logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))
         return jnp.asarray(logits, jnp.float32)
 

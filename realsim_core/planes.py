@@ -322,6 +322,25 @@ def occluded_by_planes(planes: Planes, points, cam_centre):
     return occ
 
 
+def fill_unseen_texels(colours: np.ndarray) -> np.ndarray:
+    """Texture [R, R, 3] with NaN (unseen) texels -> every texel the nearest seen one's colour.
+
+    Texture padding, as texture bakers pad their charts: the texels a camera cannot see
+    (the floor under the table, a plane's far side of an outline) are still read by the
+    bilinear and mip lookups of the pixels next to an occluding outline, so an arbitrary
+    colour there draws a halo along that outline (docs/calibration.md, "Session 35").
+    A texture with no seen texel is returned as it is.
+    """
+    from scipy import ndimage
+
+    c = np.asarray(colours)
+    seen = np.all(np.isfinite(c), axis=-1)
+    if seen.all() or not seen.any():
+        return c
+    idx = ndimage.distance_transform_edt(~seen, return_distances=False, return_indices=True)
+    return c[idx[0], idx[1]]
+
+
 def texel_centres(planes: Planes, p: int, res: int) -> np.ndarray:
     """World positions [R, R, 3] of plane p's finest texel centres (row = v, column = u)."""
     g = (np.arange(res) + 0.5) / res * 2.0 - 1.0

@@ -14,6 +14,7 @@ import pytest
 from realsim_core import calibration as C
 from realsim_core.planes import (
     Planes,
+    fill_unseen_texels,
     find_planes,
     n_levels,
     occluded_by_planes,
@@ -309,6 +310,55 @@ def test_a_nearer_plane_hides_a_farther_one_and_blends_at_its_edge():
     assert red.sum() == pytest.approx(0.4 * 0.3 * 40.0 ** 2, rel=0.03)
 
 
+def test_fill_unseen_texels_takes_the_nearest_seen_colour():
+    c = np.full((4, 5, 3), np.nan)
+    c[0, 0], c[3, 4] = (0.2, 0.4, 0.6), (0.9, 0.8, 0.7)
+    f = fill_unseen_texels(c)
+    np.testing.assert_array_equal(f[0, 0], c[0, 0])            # seen texels kept
+    np.testing.assert_array_equal(f[3, 4], c[3, 4])
+    np.testing.assert_array_equal(f[1, 1], c[0, 0])            # nearer to (0, 0)
+    np.testing.assert_array_equal(f[3, 2], c[3, 4])            # nearer to (3, 4)
+    assert np.isnan(fill_unseen_texels(np.full((2, 2, 3), np.nan))).all()  # nothing to copy
+
+
+def test_unseen_floor_under_a_table_draws_no_halo_once_filled():
+    """The floor texels a table hides are read by the lookups next to its outline.
+
+    Painted from above, the floor under the table top is seen by no camera. Left at an
+    arbitrary colour (green here), the bilinear / mip lookups of the floor pixels beside
+    the top's outline read it and draw a halo; filled from the nearest seen texel, every
+    pixel is a blend of the top (red) and the floor (blue) only.
+    """
+    two = Planes(origin=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.5]]),
+                 u=np.array([[1.0, 0, 0], [1.0, 0, 0]]), v=np.array([[0, 1.0, 0], [0, 1.0, 0]]),
+                 half=np.array([[0.2, 0.15], [3.0, 3.0]]),
+                 rgb=np.array([[1.0, 0, 0], [0, 0, 1.0]]), names=("top", "floor"),
+                 clipped=np.array([[False, False], [True, True]]))
+    R = 64
+    pose = _look_down(1.0, tilt=0.2)
+    floor_pts = texel_centres(two, 1, R).reshape(-1, 3)
+    hidden = occluded_by_planes(two, floor_pts.astype(np.float32),
+                                pose[:3, 3].astype(np.float32)).reshape(R, R)
+    assert 0 < hidden.sum() < R * R // 4
+    floor = np.broadcast_to(np.array([0.0, 0.0, 1.0]), (R, R, 3)).copy()
+    floor[hidden] = (0.0, 1.0, 0.0)                      # never painted: any colour
+    painted = floor.copy()
+    painted[hidden] = np.nan                             # what the painting saw
+    intr = CameraIntrinsics(96, 72, 80.0, 80.0, 47.5, 35.5)
+
+    def render(floor_tex):
+        tex = np.stack([np.broadcast_to([1.0, 0.0, 0.0], (R, R, 3)), floor_tex])
+        rgb, _ = render_planes(two, pyramid(jnp.asarray(tex, jnp.float32)), R,
+                               jnp.asarray(pose, jnp.float32), intr)
+        return np.asarray(rgb)
+
+    kept = render(floor)
+    assert kept[..., 1].max() > 0.5, kept[..., 1].max()   # the halo along the outline
+    filled = render(fill_unseen_texels(painted))
+    np.testing.assert_allclose(filled[..., 1], 0.0, atol=1e-6)
+    np.testing.assert_allclose(filled[..., 0] + filled[..., 2], 1.0, atol=1e-5)
+
+
 def test_plane_edges_option_picks_hard_or_soft_outlines_per_level():
     def at(edges, level):
         static = C._Static(None, None, (), None, None, flat_levels=1, planes=FLOOR_AND_TOP,
@@ -323,6 +373,8 @@ def test_plane_edges_option_picks_hard_or_soft_outlines_per_level():
     assert at("repaint", 0).all() and at("repaint", 1).all()
     with pytest.raises(C.RealsimError, match="plane_edges"):
         C.CalibrationConfig(plane_edges="fuzzy")
+    with pytest.raises(C.RealsimError, match="plane_fill"):
+        C.CalibrationConfig(plane_fill="blur")
 
 
 FLOOR_AND_TOP = Planes(origin=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.75]]),
