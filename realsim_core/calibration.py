@@ -47,6 +47,7 @@ from realsim_core.planes import (
     fill_unseen_texels,
     find_planes,
     hidden_or_on_planes,
+    near_plane_outline,
     occluded_by_planes,
     pyramid,
     render_planes,
@@ -121,6 +122,9 @@ class CalibrationConfig:
     wrist_weight: float = 0.1                    # image weight of wrist cameras (pose steps)
     colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
+    plane_paint_margin_px: float = 0.0           # paint no texel from a pixel this close
+                                                 # to a plane's outline (mixed pixels;
+                                                 # planes.near_plane_outline)
     plane_fill: str = "keep"                     # painted plane texels no camera sees:
                                                  # "keep" their colour or "nearest" (the
                                                  # nearest seen texel's; docs/calibration.md
@@ -223,6 +227,9 @@ class CalibrationConfig:
         if self.plane_edges not in ("soft", "textured", "hard", "repaint"):
             raise RealsimError("plane_edges must be 'soft', 'textured', 'hard' or 'repaint', "
                                f"got {self.plane_edges!r}")
+        if not self.plane_paint_margin_px >= 0:
+            raise RealsimError(f"plane_paint_margin_px must be >= 0, got "
+                               f"{self.plane_paint_margin_px}")
         if self.plane_fill not in ("keep", "nearest"):
             raise RealsimError(f"plane_fill must be 'keep' or 'nearest', got {self.plane_fill!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
@@ -1519,18 +1526,24 @@ class CalibrationSession:
         st = self.static
         logits = np.asarray(plane_logits).copy()
         paint = np.asarray(st.plane_paint)
+        margin = float(self.cfg.plane_paint_margin_px)
         for pi in range(logits.shape[0]):
             pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
             lifted = (pts + 2e-3 * st.planes.normal[pi]).astype(np.float32)
             seen = {}       # by camera centre: a fixed camera's is the same in every frame
 
-            def usable(c, T, lifted=lifted, seen=seen):
+            def usable(c, T, lifted=lifted, seen=seen, pi=pi, pts=pts):
                 if paint[c] == 0:
                     return np.zeros(len(lifted), bool)
                 centre = T[:3, 3].astype(np.float32)
-                key = centre.tobytes()
+                key = (c, centre.tobytes())
                 if key not in seen:
-                    seen[key] = ~occluded_by_planes(st.planes, lifted, centre)
+                    ok = ~occluded_by_planes(st.planes, lifted, centre)
+                    if margin > 0:
+                        it = st.intrinsics[level][c]
+                        ok &= ~near_plane_outline(st.planes, pi, pts, T[:3, 3],
+                                                  0.5 * (it.fx + it.fy), margin)
+                    seen[key] = ok
                 return seen[key]
 
             med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)

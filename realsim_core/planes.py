@@ -341,6 +341,50 @@ def fill_unseen_texels(colours: np.ndarray) -> np.ndarray:
     return c[idx[0], idx[1]]
 
 
+def near_plane_outline(planes: Planes, p: int, points: np.ndarray, cam_centre: np.ndarray,
+                       focal_px: float, margin_px: float) -> np.ndarray:
+    """[N] bool: points of plane `p` whose image lies within `margin_px` of a plane outline.
+
+    The outlines are the rectangles' real edges (not `clipped` ones): plane p's own, and
+    those of the planes the ray camera -> point crosses before the point. A pixel there
+    mixes two surfaces (the renderer's anti-aliasing, the camera's own), so painting a
+    texel from it bakes the outline, at the painting pose, into the texture. Distances
+    in pixels use r / (f cos), r the distance from the camera and cos the incidence on
+    the plane: the pixel footprint along the plane's slant (host NumPy).
+    """
+    pts = np.asarray(points, np.float64)
+    c = np.asarray(cam_centre, np.float64)
+    origin, u, v, half = (np.asarray(a, np.float64) for a in planes[:4])
+    clipped = (np.zeros((len(origin), 2), bool) if planes.clipped is None
+               else np.asarray(planes.clipped, bool))
+    normal = np.cross(u, v)
+    ray = pts - c
+    out = np.zeros(len(pts), bool)
+    for q in range(len(origin)):
+        if clipped[q].all():
+            continue
+        if q == p:
+            x, r = pts, np.linalg.norm(ray, axis=1)
+            cos = np.abs(ray @ normal[q]) / np.maximum(r, 1e-9)
+        else:
+            denom = ray @ normal[q]
+            s = np.where(np.abs(denom) > 1e-12,
+                         ((origin[q] - c) @ normal[q]) / np.where(denom == 0, 1.0, denom), -1.0)
+            ahead = (s > 0) & (s < 1)               # plane q between the camera and the point
+            x = c + s[:, None] * ray
+            r = s * np.linalg.norm(ray, axis=1)
+            cos = np.abs(denom) / np.maximum(np.linalg.norm(ray, axis=1), 1e-9)
+        px = r / (focal_px * np.maximum(cos, 0.1))  # metres per pixel on plane q
+        a, b = (x - origin[q]) @ u[q], (x - origin[q]) @ v[q]
+        da, db = half[q, 0] - np.abs(a), half[q, 1] - np.abs(b)   # > 0 inside
+        near = np.zeros(len(pts), bool)
+        for d, other, k in ((da, db, 0), (db, da, 1)):
+            if not clipped[q, k]:   # near this pair of edges, within the other extent
+                near |= (np.abs(d) < margin_px * px) & (other > -margin_px * px)
+        out |= near if q == p else (near & ahead)
+    return out
+
+
 def texel_centres(planes: Planes, p: int, res: int) -> np.ndarray:
     """World positions [R, R, 3] of plane p's finest texel centres (row = v, column = u)."""
     g = (np.arange(res) + 0.5) / res * 2.0 - 1.0

@@ -17,6 +17,7 @@ from realsim_core.planes import (
     fill_unseen_texels,
     find_planes,
     n_levels,
+    near_plane_outline,
     occluded_by_planes,
     pyramid,
     render_planes,
@@ -357,6 +358,33 @@ def test_unseen_floor_under_a_table_draws_no_halo_once_filled():
     filled = render(fill_unseen_texels(painted))
     np.testing.assert_allclose(filled[..., 1], 0.0, atol=1e-6)
     np.testing.assert_allclose(filled[..., 0] + filled[..., 2], 1.0, atol=1e-5)
+
+
+def test_near_plane_outline_marks_texels_painted_from_mixed_pixels():
+    """Texels whose pixel is within the margin of an outline: the plane's own or one in front."""
+    two = Planes(origin=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.5]]),
+                 u=np.array([[1.0, 0, 0], [1.0, 0, 0]]), v=np.array([[0, 1.0, 0], [0, 1.0, 0]]),
+                 half=np.array([[0.2, 0.15], [3.0, 3.0]]),
+                 rgb=np.full((2, 3), 0.5), names=("top", "floor"),
+                 clipped=np.array([[False, False], [True, True]]))
+    c = np.array([0.0, 0.0, 1.0])
+    f = 80.0                                   # 1 px = 12.5 mm on the top, 1 m away
+
+    def floor_behind(x_on_top):                # the floor point seen past (x, 0, 0)
+        e = np.array([x_on_top, 0.0, 0.0])
+        return c + 1.5 * (e - c)
+
+    own = np.array([[0.0, 0.0, 0.0], [0.195, 0.0, 0.0], [0.15, 0.0, 0.0], [0.0, 0.145, 0.0]])
+    np.testing.assert_array_equal(near_plane_outline(two, 0, own, c, f, 1.0),
+                                  [False, True, False, True])
+    floor = np.stack([floor_behind(x) for x in (0.2, 0.2 + 0.5 / f, 0.2 + 5.0 / f)]
+                     + [np.array([2.0, 0.0, -0.5])])
+    np.testing.assert_array_equal(near_plane_outline(two, 1, floor, c, f, 1.0),
+                                  [True, True, False, False])
+    # the floor's own edges are clips, not outlines
+    assert not near_plane_outline(two, 1, np.array([[2.999, 0.0, -0.5]]), c, f, 1.0)[0]
+    with pytest.raises(C.RealsimError, match="plane_paint_margin_px"):
+        C.CalibrationConfig(plane_paint_margin_px=-1.0)
 
 
 def test_plane_edges_option_picks_hard_or_soft_outlines_per_level():
