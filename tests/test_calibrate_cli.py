@@ -318,3 +318,30 @@ def test_cli_defaults_are_the_library_defaults():
                repaint_passes=a.repaint_passes, textured_start=a.textured_start,
                wrist_weight=a.wrist_weight, seed=a.seed, objects=a.objects)
     assert got == {k: getattr(d, k) for k in got}
+
+
+def test_painting_pads_the_plane_texels_no_camera_sees(tmp_path):
+    """`plane_fill`: what the painting does with the texels no camera sees.
+
+    The floor under the table gets the nearest seen texel's colour ("nearest") or keeps
+    its own ("keep"); the seen texels are painted the same either way.
+    """
+    import numpy as np
+
+    from realsim_core.offline import OfflineOptions, load_session
+
+    rec = _tiny_recording(tmp_path, frames=2, seed=5)
+    s, _, _ = load_session(rec, OfflineOptions(
+        levels=(1,), flat_levels=0, n_gaussians=1000, max_frames=2, progress=False,
+        settings=(("precompile", "false"), ("plane_fill", "keep"))))
+    start = np.asarray(s.params["plane_logits"])
+    keep = np.asarray(s.painted_params(s.params)["plane_logits"])
+    s.cfg = s.cfg.replace(plane_fill="nearest")
+    filled = np.asarray(s.painted_params(s.params)["plane_logits"])
+    floor = s.static.planes.names.index("floor")
+    unseen = np.all(keep[floor] == start[floor], axis=-1)
+    assert 0 < unseen.sum() < unseen.size                 # the floor under the table
+    np.testing.assert_array_equal(filled[floor][~unseen], keep[floor][~unseen])
+    assert not np.any(np.all(filled[floor][unseen] == start[floor][unseen], axis=-1))
+    seen_colours = {tuple(c) for c in keep[floor][~unseen]}
+    assert all(tuple(c) in seen_colours for c in filled[floor][unseen])
