@@ -125,10 +125,11 @@ class CalibrationConfig:
     plane_paint_margin_px: float = 0.0           # paint no texel from a pixel this close
                                                  # to a plane's outline (mixed pixels;
                                                  # planes.near_plane_outline)
-    plane_fill: str = "keep"                     # painted plane texels no camera sees:
-                                                 # "keep" their colour or "nearest" (the
-                                                 # nearest seen texel's; docs/calibration.md
-                                                 # "Session 35")
+    plane_fill: str = "nearest"                  # painted plane texels no camera sees:
+                                                 # the nearest seen texel's colour, or
+                                                 # "keep" theirs (until session 35: a halo
+                                                 # along the table's outline;
+                                                 # docs/calibration.md "Session 35")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
