@@ -95,7 +95,28 @@ def format_judgement(label: str, step: int, holdout_l1: float, accepted: bool,
             f"{'accepted' if accepted else 'rejected'}")
 
 
-class _Progress:
+class _Lines:
+    """Plain progress lines on a stream: at most one every `interval_s` seconds."""
+
+    def __init__(self, enabled: bool, stream=None, interval_s: float = 30.0,
+                 clock=time.monotonic):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self.clock = clock
+        self.t0 = clock()
+        self.last_line = None        # when the last line was written
+
+    def _due(self, now: float) -> bool:
+        return self.last_line is None or now - self.last_line >= self.interval_s
+
+    def _line(self, text: str, now: float) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self.last_line = now
+
+
+class _Progress(_Lines):
     """Progress of `CalibrationSession.run` on stderr.
 
     A terminal gets a bar redrawn in place; anything else (a log file, a CI job, a pipe)
@@ -106,21 +127,16 @@ class _Progress:
 
     def __init__(self, enabled: bool, total: int, stream=None, tty: bool | None = None,
                  interval_s: float = 30.0, clock=time.monotonic):
-        self.stream = sys.stderr if stream is None else stream
+        super().__init__(enabled, stream, interval_s, clock)
         self.tty = self.stream.isatty() if tty is None else tty
-        self.enabled = enabled
         self.total = max(total, 1)
-        self.interval_s = interval_s
-        self.clock = clock
-        self.t0 = clock()
-        self.last_line = None        # when the last plain line was written
         self.judged = 0              # acceptance tests already named
 
     def __call__(self, m) -> None:
         if not self.enabled:
             return
         now = self.clock()
-        if not self.tty and self.last_line is not None and now - self.last_line < self.interval_s:
+        if not self.tty and not self._due(now):
             return
         status = (f"{m.steps}/{self.total} steps  {m.steps_per_s:.2f} steps/s  "
                   f"loss {m.loss:.4f}  held-out L1 {m.holdout_l1:.4f}  {now - self.t0:.0f}s")
@@ -128,46 +144,33 @@ class _Progress:
             frac = min(m.steps / self.total, 1.0)
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
             self.stream.write(f"\r[{bar}] {status} ")
+            self.stream.flush()
         else:
             tests = [format_judgement(*j) for j in m.judgements[self.judged:]]
             self.judged = len(m.judgements)
-            self.stream.write(f"calibrate: {status}"
-                              + (f"  (held-out test: {', '.join(tests)})" if tests else "")
-                              + "\n")
-            self.last_line = now
-        self.stream.flush()
+            self._line(f"calibrate: {status}"
+                       + (f"  (held-out test: {', '.join(tests)})" if tests else ""), now)
 
     def close(self) -> None:
         if self.enabled and self.tty:
             self.stream.write("\n")
 
 
-class _FitProgress:
+class _FitProgress(_Lines):
     """Progress of the object fits (`--objects`) on stderr.
 
     One line at each fit's first step, then at most one every `interval_s` seconds; the
     end of each fit is logged by `reconstruct_session_objects` itself.
     """
 
-    def __init__(self, enabled: bool, stream=None, interval_s: float = 30.0,
-                 clock=time.monotonic):
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = enabled
-        self.interval_s = interval_s
-        self.clock = clock
-        self.t0 = clock()
-        self.last_line = None
-
     def __call__(self, fit: str, step: int, steps: int, loss: float) -> None:
         if not self.enabled:
             return
         now = self.clock()
-        if step > 1 and self.last_line is not None and now - self.last_line < self.interval_s:
+        if step > 1 and not self._due(now):
             return
-        self.stream.write(f"calibrate: objects: {fit} {step}/{steps} steps  loss {loss:.4f}  "
-                          f"{now - self.t0:.0f}s\n")
-        self.stream.flush()
-        self.last_line = now
+        self._line(f"calibrate: objects: {fit} {step}/{steps} steps  loss {loss:.4f}  "
+                   f"{now - self.t0:.0f}s", now)
 
 
 def calibration_config(opts: OfflineOptions):
