@@ -122,6 +122,11 @@ class CalibrationConfig:
     wrist_weight: float = 0.1                    # image weight of wrist cameras (pose steps)
     colour_wrist_weight: float = 1.0             # ... in colour steps and held-out scores
     ssim_lambda: float = 0.2
+    background_bins: int = 1                     # what no rig geom or plane covers: per
+                                                 # camera, a colour over the world-space
+                                                 # ray's height (z of the unit direction)
+                                                 # in this many bins, linearly interpolated
+                                                 # (1: one colour; sky_background)
     plane_paint_margin_px: float = 0.0           # paint no texel from a pixel this close
                                                  # to a plane's outline (mixed pixels;
                                                  # planes.near_plane_outline)
@@ -231,6 +236,9 @@ class CalibrationConfig:
         if not self.plane_paint_margin_px >= 0:
             raise RealsimError(f"plane_paint_margin_px must be >= 0, got "
                                f"{self.plane_paint_margin_px}")
+        if not (isinstance(self.background_bins, int) and self.background_bins >= 1):
+            raise RealsimError(f"background_bins must be an integer >= 1, got "
+                               f"{self.background_bins!r}")
         if self.plane_fill not in ("keep", "nearest"):
             raise RealsimError(f"plane_fill must be 'keep' or 'nearest', got {self.plane_fill!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
@@ -574,7 +582,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
     depths: list = [None] * len(static.intrinsics[level])
     for intr, cams in _camera_groups(static.intrinsics[level]):
         cam_idx = jnp.asarray(cams, jnp.int32)
-        bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, 3]
+        bgs = jax.nn.sigmoid(params["background_logits"])[cam_idx]      # [k, K, 3]
 
         paint = (jnp.ones(len(cams), jnp.float32) if static.plane_paint is None
                  else static.plane_paint[cam_idx])                        # [k]
@@ -584,6 +592,8 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
                else static.own[cam_idx])                                  # [k, N] or [k, 1]
 
         def one(m, qu, pose, bg, pw, ow, intr=intr, all_paint=all_paint):
+            # one colour: composited as before (bit for bit); bins: a per-pixel image
+            bg = bg[0] if bg.shape[0] == 1 else sky_background(bg, pose, intr)
             col, op = colors, opac
             if static.own is not None:   # same values; no colour gradient from own pixels
                 col = col - ow[:, None] * (col - jax.lax.stop_gradient(col))
@@ -594,7 +604,7 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
                 op = jnp.where(occluded_by_planes(static.planes, m, pose[:3, 3]), 0.0, op)
             feats = ((m - pose[:3, 3]) @ pose[:3, 2])[:, None] if alpha else None  # depth
             r = rasterize(m, qu, static.gauss.scales, op, col, pose, intr,
-                          background=None if packed is not None else bg,
+                          background=None if packed is not None or bg.ndim > 1 else bg,
                           tile_size=static.tile_size, capacity=static.capacity,
                           cull_backfaces=static.cull_backfaces, dilation=static.dilation,
                           filter_px2=static.filter_px2, features=feats,
@@ -602,11 +612,12 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             depth = (r.features[..., 0] / jnp.maximum(r.alpha, 1e-6) if alpha
                      else jnp.zeros_like(r.alpha))
             if packed is None:
-                return r.rgb, r.alpha, depth
+                rgb = r.rgb if bg.ndim == 1 else r.rgb + (1.0 - r.alpha)[..., None] * bg
+                return rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
             plane_rgb, cover = render_planes(planes, packed, static.plane_res, pose,
                                              intr, paint=None if all_paint else pw)
-            behind = plane_rgb + (1.0 - cover)[..., None] * bg
+            behind = plane_rgb + (1.0 - cover)[..., None] * bg     # bg [3] or [H, W, 3]
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
         # [B, k] renders: frames x cameras of this group, one trace
@@ -619,6 +630,31 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             alphas[c] = per_alpha[:, j]
             depths[c] = per_depth[:, j]
     return (out, alphas, depths) if alpha else out
+
+
+def sky_background(bins, cam_pose, intr: CameraIntrinsics):
+    """The background image [H, W, 3] of one camera from its colours over height [K, 3].
+
+    Each pixel's ray direction in the world (unit) has a height z in [-1, 1]; the K colours
+    sit at the centres of K equal bins of z and are interpolated linearly (clamped beyond
+    the first and last centre). This is what a distant background looks like when it
+    changes with elevation (a sky over a horizon, a room's walls over its floor), and it
+    moves with the camera's rotation: the pose gets a gradient from it, a single colour
+    gives none. K = 1 is a constant colour.
+    """
+    K = bins.shape[0]
+    dtype = cam_pose.dtype
+    ys, xs = jnp.meshgrid(jnp.arange(intr.height, dtype=dtype),
+                          jnp.arange(intr.width, dtype=dtype), indexing="ij")
+    d_cam = jnp.stack([(xs - intr.cx) / intr.fx, (ys - intr.cy) / intr.fy,
+                       jnp.ones_like(xs)], -1)
+    d = d_cam @ cam_pose[2, :3]                       # world z of the ray, z_cam = 1
+    z = d / jnp.sqrt(jnp.sum(d_cam * d_cam, -1))
+    pos = jnp.clip(0.5 * (z + 1.0) * K - 0.5, 0.0, K - 1.0)
+    i0 = jnp.clip(jnp.floor(pos), 0, max(K - 2, 0)).astype(jnp.int32)
+    w = (pos - i0)[..., None]
+    i1 = jnp.minimum(i0 + 1, K - 1)
+    return (1.0 - w) * bins[i0] + w * bins[i1]
 
 
 def _planes_at_level(static: _Static, level: int) -> Planes | None:
@@ -932,8 +968,10 @@ class CalibrationSession:
             "corrections": jnp.zeros((self.max_frames, J), jnp.float32),
             "color_logits": jnp.asarray(_logit(np.asarray(gaussians.colors)), jnp.float32),
             "opacity_logits": jnp.asarray(_logit(np.asarray(gaussians.opacities)), jnp.float32),
-            # what no rig geom covers (sky box, far walls): one learned colour per camera
-            "background_logits": jnp.zeros((len(self.cameras), 3), jnp.float32),
+            # what no rig geom covers (sky box, far walls): learned colours per camera
+            # over the ray's height (cfg.background_bins; sky_background)
+            "background_logits": jnp.zeros((len(self.cameras), int(self.cfg.background_bins),
+                                            3), jnp.float32),
             # learned shading (surfel_shading); unused when cfg.shading == "none"
             "shading": shading_init(),
             # textured planes [P, R, R, 3] (logits; P = 0 without planes)
