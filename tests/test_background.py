@@ -98,3 +98,47 @@ def test_sky_background_gradient_matches_finite_differences():
 def test_background_bins_must_be_a_positive_integer(bad):
     with pytest.raises(RealsimError, match="background_bins"):
         C.CalibrationConfig(background_bins=bad)
+
+
+@pytest.mark.parametrize("textured_planes", [True, False])
+def test_a_session_draws_its_binned_background_where_nothing_covers(textured_planes):
+    """Where neither the rig's Gaussians nor a plane cover a pixel, it is the sky.
+
+    render_batch composites the camera's sky_background there, with or without textured
+    planes (the offline and the online paths).
+    """
+    from realsim_core.rig import load_mjmodel, load_rig
+
+    rig = load_rig("builtin:aloha2")
+    model = load_mjmodel(rig)
+    W, H = 48, 27
+    intr = {c: CameraIntrinsics(W, H, 0.9 * W, 0.9 * W, (W - 1) / 2, (H - 1) / 2)
+            for c in rig.camera_names}
+    gauss = C.rig_gaussians(model, 600, seed=0, layout="random")
+    cfg = C.CalibrationConfig(levels=(1,), cycles_per_level=(1,), background_bins=5,
+                              textured_planes=textured_planes, init_colours=False)
+    s = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=1)
+    assert s.params["background_logits"].shape == (len(s.cameras), 5, 3)
+    bins = np.random.default_rng(0).uniform(0.05, 0.95, (len(s.cameras), 5, 3))
+    params = {**s.params, "background_logits": jnp.asarray(np.log(bins / (1 - bins)),
+                                                            jnp.float32)}
+    q = jnp.zeros((1, len(rig.joint_names)), jnp.float32)
+    rgbs, alphas, _ = C.render_batch(s.static, params, q, jnp.zeros_like(q), 0, alpha=True)
+    poses = C.kinematics.forward_batch_jit(s.static.km, q, params["joint_offsets"],
+                                           jnp.zeros_like(q), params["fixed_deltas"],
+                                           params["mounted_deltas"]).cameras[0]
+    low = s.cameras.index("cam_low")     # looks over the table at the sky
+    sky = np.asarray(C.sky_background(jnp.asarray(bins[low], jnp.float32), poses[low],
+                                      intr["cam_low"]))
+    rgb, a = np.asarray(rgbs[low][0]), np.asarray(alphas[low][0])
+    if textured_planes:   # the floor and table are planes here: the sky is above them
+        sky_rows = slice(0, H // 4)
+    else:
+        sky_rows = slice(0, H)
+    free = (a[sky_rows] < 1e-4)
+    assert free.sum() > 20
+    far = np.abs(rgb[sky_rows][free] - sky[sky_rows][free]).max(-1)
+    # the planes may still cover a few of these pixels; most must be exactly the sky
+    assert np.mean(far < 1e-5) > 0.9
+    # and the sky is not one colour over those pixels (the bins are used)
+    assert np.ptp(sky[sky_rows][free][:, 0]) > 0.05
