@@ -49,6 +49,7 @@ from realsim_core.planes import (
     hidden_or_on_planes,
     near_plane_outline,
     occluded_by_planes,
+    pixel_rays,
     pyramid,
     render_planes,
     texel_centres,
@@ -643,11 +644,7 @@ def sky_background(bins, cam_pose, intr: CameraIntrinsics):
     gives none. K = 1 is a constant colour.
     """
     K = bins.shape[0]
-    dtype = cam_pose.dtype
-    ys, xs = jnp.meshgrid(jnp.arange(intr.height, dtype=dtype),
-                          jnp.arange(intr.width, dtype=dtype), indexing="ij")
-    d_cam = jnp.stack([(xs - intr.cx) / intr.fx, (ys - intr.cy) / intr.fy,
-                       jnp.ones_like(xs)], -1)
+    d_cam = pixel_rays(intr, cam_pose.dtype)
     d = d_cam @ cam_pose[2, :3]                       # world z of the ray, z_cam = 1
     z = d / jnp.sqrt(jnp.sum(d_cam * d_cam, -1))
     pos = jnp.clip(0.5 * (z + 1.0) * K - 0.5, 0.0, K - 1.0)

@@ -204,6 +204,13 @@ def _trilinear(packed, res: int, plane, s, t, l0, l1, w):
             + w * _sample(packed, res, plane, s, t, l1))
 
 
+def pixel_rays(intr: CameraIntrinsics, dtype=jnp.float32):
+    """Each pixel centre's ray in the optical frame, scaled to z = 1: [H, W, 3]."""
+    ys, xs = jnp.meshgrid(jnp.arange(intr.height, dtype=dtype),
+                          jnp.arange(intr.width, dtype=dtype), indexing="ij")
+    return jnp.stack([(xs - intr.cx) / intr.fx, (ys - intr.cy) / intr.fy, jnp.ones_like(xs)], -1)
+
+
 def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics,
                   paint=None):
     """Ray-cast the planes into one camera -> (rgb [H, W, 3], coverage [H, W]).
@@ -229,8 +236,7 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
     """
     H, W = intr.height, intr.width
     dtype = cam_pose.dtype
-    ys, xs = jnp.meshgrid(jnp.arange(H, dtype=dtype), jnp.arange(W, dtype=dtype), indexing="ij")
-    d_cam = jnp.stack([(xs - intr.cx) / intr.fx, (ys - intr.cy) / intr.fy, jnp.ones_like(xs)], -1)
+    d_cam = pixel_rays(intr, dtype)
     rot = cam_pose[:3, :3]
     d = d_cam @ rot.T                                            # [H, W, 3] world, z_cam = 1
     e_x, e_y = rot[:, 0] / intr.fx, rot[:, 1] / intr.fy          # d's change per pixel
