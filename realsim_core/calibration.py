@@ -136,6 +136,10 @@ class CalibrationConfig:
                                                  # "keep" theirs (until session 35: a halo
                                                  # along the table's outline;
                                                  # docs/calibration.md "Session 35")
+    plane_lod_bias: float = 0.0                  # added to the planes' mip level (levels;
+                                                 # < 0 sharper: painted textures already
+                                                 # hold the images' blur; render_planes,
+                                                 # docs/calibration.md "Session 37")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -240,6 +244,9 @@ class CalibrationConfig:
         if not (isinstance(self.background_bins, int) and self.background_bins >= 1):
             raise RealsimError(f"background_bins must be an integer >= 1, got "
                                f"{self.background_bins!r}")
+        if not -8.0 <= self.plane_lod_bias <= 8.0:      # NaN fails too
+            raise RealsimError(f"plane_lod_bias must be in [-8, 8] mip levels, got "
+                               f"{self.plane_lod_bias}")
         if self.plane_fill not in ("keep", "nearest"):
             raise RealsimError(f"plane_fill must be 'keep' or 'nearest', got {self.plane_fill!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
@@ -424,6 +431,7 @@ class _Static(NamedTuple):
     plane_edges: str = "hard"               # CalibrationConfig.plane_edges
     own: jnp.ndarray | None = None          # [C, N] 1: the Gaussian moves with camera c
                                             # (c's pixels do not fit its colour); None: all 0
+    plane_lod_bias: float = 0.0             # CalibrationConfig.plane_lod_bias
 
 
 class Buffers(NamedTuple):
@@ -617,7 +625,8 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
                 return rgb, r.alpha, depth
             # cameras that do not paint the planes see them, but send no gradient to them
             plane_rgb, cover = render_planes(planes, packed, static.plane_res, pose,
-                                             intr, paint=None if all_paint else pw)
+                                             intr, paint=None if all_paint else pw,
+                                             lod_bias=static.plane_lod_bias)
             behind = plane_rgb + (1.0 - cover)[..., None] * bg     # bg [3] or [H, W, 3]
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
@@ -953,6 +962,7 @@ class CalibrationSession:
                                                    self.cfg.plane_painters == "fixed") else 1.0
                                            for c in self.cameras], jnp.float32),
                               float(self.cfg.filter_px2), plane_edges=str(self.cfg.plane_edges),
+                              plane_lod_bias=float(self.cfg.plane_lod_bias),
                               own=None if self.cfg.self_paint else jnp.asarray(
                                   own_gaussians(rig, model, gaussians.body, self.cameras),
                                   jnp.float32))

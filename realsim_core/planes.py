@@ -212,7 +212,7 @@ def pixel_rays(intr: CameraIntrinsics, dtype=jnp.float32):
 
 
 def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrinsics,
-                  paint=None):
+                  paint=None, lod_bias: float = 0.0):
     """Ray-cast the planes into one camera -> (rgb [H, W, 3], coverage [H, W]).
 
     packed: `pyramid(sigmoid(logits))` [P, L, 3]; cam_pose [4, 4] T_world_cam (optical).
@@ -230,9 +230,12 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
     "Session 13"). A pixel whose ray misses every plane has coverage 0.
 
     Trilinear filtering: the mip level is log2 of the pixel footprint along its longer axis
-    on the plane (depth / (f cos)) over the texel size. paint (scalar, may be traced): the
-    textures get `paint` times this camera's gradient (0: the camera sees the planes but
-    does not fit them); None is 1. The gradient to the camera pose is not scaled.
+    on the plane (depth / (f cos)) over the texel size, plus `lod_bias` (levels; negative:
+    sharper). A texture painted from images already holds their pixels' blur, so the full
+    footprint filter blurs it twice (docs/calibration.md, "Session 37"). paint (scalar, may
+    be traced): the textures get `paint` times this camera's gradient (0: the camera sees
+    the planes but does not fit them); None is 1. The gradient to the camera pose is not
+    scaled.
     """
     H, W = intr.height, intr.width
     dtype = cam_pose.dtype
@@ -276,7 +279,8 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
         texel = jnp.sqrt(4 * half[p, 0] * half[p, 1]) / res
         foot = jax.lax.stop_gradient(
             jnp.where(seen, t * jnp.linalg.norm(d, axis=-1) / (f * jnp.maximum(cos, 0.05)), 1.0))
-        lam = jnp.clip(jnp.log2(jnp.maximum(foot / texel, 1e-6)), 0.0, n_levels(res) - 1.0)
+        lam = jnp.clip(lod_bias + jnp.log2(jnp.maximum(foot / texel, 1e-6)), 0.0,
+                       n_levels(res) - 1.0)
         l0 = jnp.floor(lam).astype(jnp.int32)
         l1 = jnp.minimum(l0 + 1, n_levels(res) - 1)
         w = (lam - l0)[..., None]

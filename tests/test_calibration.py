@@ -1110,6 +1110,8 @@ def test_config_overrides_read_each_field_as_its_type():
                      (("colour_step", "4"), "did you mean colour_steps?"),
                      (("repaint_passes", "-1"), "repaint_passes must be >= 0"),
                      (("mounted_world_joints", "-3"), "mounted_world_joints must be >= 0"),
+                     (("plane_lod_bias", "nan"), "plane_lod_bias must be in"),
+                     (("plane_lod_bias", "-9"), "plane_lod_bias must be in"),
                      (("levels", "8,4,2,1"), "cycles_per_level needs one entry per level")]:
         with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
             C.CalibrationConfig().with_overrides([bad])

@@ -249,6 +249,44 @@ def test_far_checker_is_filtered_not_aliased():
     assert n_levels(R) == 7
 
 
+@pytest.mark.parametrize("bias", [-1.0, 0.0, 0.5])
+def test_lod_bias_shifts_the_mip_level_against_a_float64_reference(bias):
+    """`lod_bias` adds to the mip level, against a float64 reference.
+
+    A 1-texel checker (0/1 at level 0, 0.5 at every coarser level) rendered trilinearly
+    equals (1 - w) level0 + w 0.5 with the level lam = clip(bias + log2(range / (f cos) /
+    texel)) computed here in float64.
+    """
+    R = 64
+    ij = np.add.outer(np.arange(R), np.arange(R)) % 2
+    tex = np.repeat(ij[None, :, :, None].astype(float), 3, -1)
+    intr = CameraIntrinsics(40, 30, 30.0, 30.0, 19.5, 14.5)
+    pose = _look_down(0.33, tilt=0.3)
+    with jax.enable_x64(True):
+        rgb, cover = render_planes(ONE, pyramid(jnp.asarray(tex)), R, jnp.asarray(pose), intr,
+                                   lod_bias=bias)
+    rgb, cover = np.asarray(rgb), np.asarray(cover)
+    level0, _, ref_cover = _reference(ONE, tex, pose, intr)
+    texel = np.sqrt(4 * ONE.half[0, 0] * ONE.half[0, 1]) / R
+    lam = np.zeros((intr.height, intr.width))
+    for y in range(intr.height):
+        for x in range(intr.width):
+            d = pose[:3, :3] @ np.array([(x - intr.cx) / intr.fx, (y - intr.cy) / intr.fy, 1.0])
+            t = (ONE.origin[0] - pose[:3, 3])[2] / d[2]
+            cos = -d[2] / np.linalg.norm(d)
+            foot = t * np.linalg.norm(d) / (intr.fx * max(cos, 0.05))
+            lam[y, x] = np.clip(bias + np.log2(foot / texel), 0.0, n_levels(R) - 1.0)
+    w = np.where(lam < 1.0, lam, 1.0)[..., None]      # weight of level >= 1 (all 0.5)
+    expected = (1.0 - w) * level0 + w * 0.5
+    inside = ref_cover == 1.0
+    assert inside.sum() > 600
+    np.testing.assert_allclose(rgb[inside], expected[inside], atol=1e-9)
+    # the levels this view spans: at bias 0 every pixel blends levels 0 and 1, at -1 the
+    # checker is sampled unfiltered, at +0.5 part of the view is past level 1
+    lo, hi = lam[inside].min(), lam[inside].max()
+    assert {-1.0: hi == 0.0, 0.0: 0.0 < lo and hi < 1.0, 0.5: lo < 1.0 < hi}[bias], (lo, hi)
+
+
 def test_occlusion_by_planes():
     cam = jnp.asarray([0.1, 0.0, 1.0])
     pts = jnp.asarray([[0.1, 0.0, -0.3],     # under the plane, below the camera: hidden
@@ -411,3 +449,42 @@ FLOOR_AND_TOP = Planes(origin=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.75]]),
                        half=np.array([[0.7, 0.38], [1.5, 1.5]]),
                        rgb=np.full((2, 3), 0.5), names=("table_top", "floor"),
                        clipped=np.array([[False, False], [True, True]]))
+
+
+def test_a_session_draws_its_planes_with_the_configured_lod_bias():
+    """`plane_lod_bias` reaches the planes a session renders.
+
+    Where no Gaussian covers a pixel, render_batch draws render_planes(..., lod_bias) over
+    the background.
+    """
+    rig = load_rig("builtin:aloha2")
+    model = load_mjmodel(rig)
+    W, H = 48, 27
+    intr = {c: CameraIntrinsics(W, H, 0.9 * W, 0.9 * W, (W - 1) / 2, (H - 1) / 2)
+            for c in rig.camera_names}
+    gauss = C.rig_gaussians(model, 600, seed=0, layout="random", exclude_planes=True)
+    R = 64
+    draws = {}
+    for bias in (0.0, -1.0):
+        cfg = C.CalibrationConfig(levels=(1,), cycles_per_level=(1,), init_colours=False,
+                                  plane_texels=R, plane_lod_bias=bias)
+        s = C.CalibrationSession(rig, model, intr, gauss, cfg, max_frames=1)
+        assert s.static.plane_lod_bias == bias
+        tex = np.random.default_rng(1).uniform(0.05, 0.95, s.params["plane_logits"].shape)
+        params = {**s.params, "plane_logits": jnp.asarray(np.log(tex / (1 - tex)), jnp.float32)}
+        q = jnp.zeros((1, len(rig.joint_names)), jnp.float32)
+        rgbs, alphas, _ = C.render_batch(s.static, params, q, jnp.zeros_like(q), 0, alpha=True)
+        cams = C.kinematics.forward_batch_jit(s.static.km, q, params["joint_offsets"],
+                                              jnp.zeros_like(q), params["fixed_deltas"],
+                                              params["mounted_deltas"]).cameras[0]
+        hi = s.cameras.index("cam_high")
+        planes = C._planes_at_level(s.static, 0)
+        prgb, cover = render_planes(planes, pyramid(jnp.asarray(tex, jnp.float32)), R, cams[hi],
+                                    intr["cam_high"], lod_bias=bias)
+        bg = np.asarray(jax.nn.sigmoid(params["background_logits"]))[hi, 0]
+        want = np.asarray(prgb) + (1.0 - np.asarray(cover))[..., None] * bg
+        free = np.asarray(alphas[hi][0]) < 1e-4
+        assert free.sum() > 200
+        np.testing.assert_allclose(np.asarray(rgbs[hi][0])[free], want[free], atol=1e-5)
+        draws[bias] = np.asarray(rgbs[hi][0])[free]
+    assert np.abs(draws[0.0] - draws[-1.0]).max() > 0.05     # the bias changes the picture
