@@ -137,9 +137,9 @@ class CalibrationConfig:
                                                  # along the table's outline;
                                                  # docs/calibration.md "Session 35")
     plane_lod_bias: float = 0.0                  # added to the planes' mip level (levels;
-                                                 # < 0 sharper: painted textures already
-                                                 # hold the images' blur; render_planes,
-                                                 # docs/calibration.md "Session 37")
+                                                 # < 0 sharper; render_planes; -1 fits
+                                                 # better at the truth, ends worse from
+                                                 # nominal: docs/calibration.md "Session 37")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft

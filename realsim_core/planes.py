@@ -231,8 +231,9 @@ def render_planes(planes: Planes, packed, res: int, cam_pose, intr: CameraIntrin
 
     Trilinear filtering: the mip level is log2 of the pixel footprint along its longer axis
     on the plane (depth / (f cos)) over the texel size, plus `lod_bias` (levels; negative:
-    sharper). A texture painted from images already holds their pixels' blur, so the full
-    footprint filter blurs it twice (docs/calibration.md, "Session 37"). paint (scalar, may
+    sharper; at the truth -1 fits MuJoCo's images better, likely because a texture painted
+    from images already holds their pixels' blur and the footprint filter adds it again:
+    docs/calibration.md, "Session 37"). paint (scalar, may
     be traced): the textures get `paint` times this camera's gradient (0: the camera sees
     the planes but does not fit them); None is 1. The gradient to the camera pose is not
     scaled.
