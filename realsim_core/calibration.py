@@ -140,6 +140,9 @@ class CalibrationConfig:
                                                  # < 0 sharper; render_planes; -1 fits
                                                  # better at the truth, ends worse from
                                                  # nominal: docs/calibration.md "Session 37")
+    repaint_plane_lod_bias: float = 0.0          # added to plane_lod_bias from the first
+                                                 # repaint pass on (0: the levels' mip
+                                                 # levels throughout; "Session 38")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -247,6 +250,10 @@ class CalibrationConfig:
         if not -8.0 <= self.plane_lod_bias <= 8.0:      # NaN fails too
             raise RealsimError(f"plane_lod_bias must be in [-8, 8] mip levels, got "
                                f"{self.plane_lod_bias}")
+        if not -8.0 <= self.plane_lod_bias + self.repaint_plane_lod_bias <= 8.0:
+            raise RealsimError(f"plane_lod_bias + repaint_plane_lod_bias must be in [-8, 8] "
+                               f"mip levels, got {self.plane_lod_bias} + "
+                               f"{self.repaint_plane_lod_bias}")
         if self.plane_fill not in ("keep", "nearest"):
             raise RealsimError(f"plane_fill must be 'keep' or 'nearest', got {self.plane_fill!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
@@ -1716,8 +1723,10 @@ class CalibrationSession:
                     m.repaints_skipped = len(plan) - i
                     break
             if i >= len(cfg.levels):    # a repaint pass
-                if (cfg.plane_edges == "repaint" and self.static.planes is not None
-                        and self.static.plane_edges != "soft"):
+                if self.static.planes is not None and (
+                        (cfg.plane_edges == "repaint" and self.static.plane_edges != "soft")
+                        or (cfg.repaint_plane_lod_bias != 0
+                            and self.static.plane_lod_bias == cfg.plane_lod_bias)):
                     self._soften_plane_edges()
                 l1_before = m.holdout_l1
                 self.params = dict(self.accepted)
@@ -1769,14 +1778,22 @@ class CalibrationSession:
         return m
 
     def _soften_plane_edges(self) -> None:
-        """Soft plane outlines from here on (`plane_edges: repaint`), judged alike.
+        """The repaint passes' planes from here on, judged alike.
 
-        The jitted functions are rebuilt for the new scene, and the accepted estimate and
-        the start are scored again with it, so that the next acceptance test compares two
-        estimates rendered the same way (a hard and a soft outline score one estimate
-        ~0.1-1 % apart) and `holdout_l1` stays comparable with `holdout_l1_start`.
+        Soft plane outlines (`plane_edges: repaint`) and the mip levels shifted by
+        `repaint_plane_lod_bias`. The jitted functions are rebuilt for the new scene, and
+        the accepted estimate and the start are scored again with it, so that the next
+        acceptance test compares two estimates rendered the same way (a hard and a soft
+        outline score one estimate ~0.1-1 % apart) and `holdout_l1` stays comparable with
+        `holdout_l1_start`.
         """
-        self._set_static(self.static._replace(plane_edges="soft"))
+        cfg, static = self.cfg, self.static
+        if cfg.plane_edges == "repaint":
+            static = static._replace(plane_edges="soft")
+        if cfg.repaint_plane_lod_bias != 0:
+            static = static._replace(
+                plane_lod_bias=float(cfg.plane_lod_bias + cfg.repaint_plane_lod_bias))
+        self._set_static(static)
         m = self.metrics
         m.holdout_l1 = self.holdout_residual(self.accepted)
         m.holdout_l1_start = self.holdout_residual(self._start_params)

@@ -301,6 +301,55 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
     assert ok == (h_pass <= scores["rescored"])
 
 
+def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(tmp_path):
+    """`repaint_plane_lod_bias`: the planes' mip levels shift in the repaint passes only.
+
+    The levels draw the planes at `plane_lod_bias`, the repaint passes at the sum, with
+    the hard outlines kept (`plane_edges: hard`); the accepted estimate and the start are
+    scored again with the shifted levels before the first pass.
+    """
+    import numpy as np
+
+    from realsim_core.offline import OfflineOptions, load_session
+
+    rec = _tiny_recording(tmp_path, frames=4, seed=5)
+    s, _, _ = load_session(rec, OfflineOptions(
+        levels=(1,), flat_levels=0, steps_scale=0.1, n_gaussians=1000, max_frames=4,
+        progress=False, repaint_passes=2, repaint_min_gain=0.0, plane_edges="hard",
+        settings=(("cull_backfaces", "false"), ("precompile", "false"),
+                  ("plane_lod_bias", "0.25"), ("repaint_plane_lod_bias", "-1"))))
+    assert s.static.planes is not None and s.static.plane_lod_bias == 0.25
+    seen, scores, calls = [], {}, []
+    real_cycle, real_enter = s.cycle, s._soften_plane_edges
+
+    def cycle(level=None, colour_steps=None):
+        seen.append((len(s.metrics.judgements), s.static.plane_lod_bias, s.static.plane_edges))
+        return real_cycle(level, colour_steps)
+
+    def enter():
+        calls.append(len(s.metrics.judgements))
+        scores["before"] = s.holdout_residual(s.accepted)
+        scores["start_before"] = s.metrics.holdout_l1_start
+        scores["accepted"] = s.accepted
+        real_enter()
+        scores["rescored"] = s.metrics.holdout_l1
+        scores["start_rescored"] = s.metrics.holdout_l1_start
+
+    s.cycle, s._soften_plane_edges = cycle, enter
+    s.run()
+    assert calls == [1]                               # once, before the first repaint pass
+    assert sorted({j for j, _, _ in seen}) == [0, 1, 2]
+    for j, bias, edges in seen:
+        assert edges == "hard"                        # outlines as configured throughout
+        assert bias == (0.25 if j == 0 else -0.75)    # the level; the two repaint passes
+    # the accepted estimate and the start were scored again with the shifted levels
+    assert scores["rescored"] != scores["before"]
+    assert scores["rescored"] == s.holdout_residual(scores["accepted"])
+    assert scores["start_rescored"] != scores["start_before"]
+    assert scores["start_rescored"] == s.holdout_residual(s._start_params)
+    assert np.isfinite(s.metrics.holdout_l1) and s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
+
+
 def test_cli_defaults_are_the_library_defaults():
     """`realsim calibrate` with no options runs what `OfflineOptions()` describes.
 

@@ -1112,6 +1112,8 @@ def test_config_overrides_read_each_field_as_its_type():
                      (("mounted_world_joints", "-3"), "mounted_world_joints must be >= 0"),
                      (("plane_lod_bias", "nan"), "plane_lod_bias must be in"),
                      (("plane_lod_bias", "-9"), "plane_lod_bias must be in"),
+                     (("repaint_plane_lod_bias", "nan"), "repaint_plane_lod_bias must be"),
+                     (("repaint_plane_lod_bias", "8.5"), "repaint_plane_lod_bias must be"),
                      (("levels", "8,4,2,1"), "cycles_per_level needs one entry per level")]:
         with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
             C.CalibrationConfig().with_overrides([bad])
