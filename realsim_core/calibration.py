@@ -438,7 +438,8 @@ class _Static(NamedTuple):
     plane_edges: str = "hard"               # CalibrationConfig.plane_edges
     own: jnp.ndarray | None = None          # [C, N] 1: the Gaussian moves with camera c
                                             # (c's pixels do not fit its colour); None: all 0
-    plane_lod_bias: float = 0.0             # CalibrationConfig.plane_lod_bias
+    plane_lod_bias: float | tuple = 0.0     # CalibrationConfig.plane_lod_bias (+ the repaint
+                                            # passes' bias), or one per camera (a tuple)
 
 
 class Buffers(NamedTuple):
@@ -607,7 +608,12 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
         own = (jnp.zeros((len(cams), 1), jnp.float32) if static.own is None
                else static.own[cam_idx])                                  # [k, N] or [k, 1]
 
-        def one(m, qu, pose, bg, pw, ow, intr=intr, all_paint=all_paint):
+        # the planes' mip bias: one for every camera, or one per camera (a tuple)
+        per_cam_lod = isinstance(static.plane_lod_bias, tuple)
+        lods = (jnp.asarray([static.plane_lod_bias[c] for c in cams], jnp.float32)
+                if per_cam_lod else float(static.plane_lod_bias))
+
+        def one(m, qu, pose, bg, pw, ow, lb, intr=intr, all_paint=all_paint):
             # one colour: composited as before (bit for bit); bins: a per-pixel image
             bg = bg[0] if bg.shape[0] == 1 else sky_background(bg, pose, intr)
             col, op = colors, opac
@@ -633,15 +639,15 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
             # cameras that do not paint the planes see them, but send no gradient to them
             plane_rgb, cover = render_planes(planes, packed, static.plane_res, pose,
                                              intr, paint=None if all_paint else pw,
-                                             lod_bias=static.plane_lod_bias)
+                                             lod_bias=lb)
             behind = plane_rgb + (1.0 - cover)[..., None] * bg     # bg [3] or [H, W, 3]
             return r.rgb + (1.0 - r.alpha)[..., None] * behind, r.alpha, depth
 
         # [B, k] renders: frames x cameras of this group, one trace
         per_cam, per_alpha, per_depth = jax.vmap(
-            jax.vmap(one, in_axes=(None, None, 0, 0, 0, 0)),
-            in_axes=(0, 0, 0, None, None, None))(
-            means, quats, poses.cameras[:, cam_idx], bgs, paint, own)
+            jax.vmap(one, in_axes=(None, None, 0, 0, 0, 0, 0 if per_cam_lod else None)),
+            in_axes=(0, 0, 0, None, None, None, None))(
+            means, quats, poses.cameras[:, cam_idx], bgs, paint, own, lods)
         for j, c in enumerate(cams):
             out[c] = per_cam[:, j]
             alphas[c] = per_alpha[:, j]

@@ -455,7 +455,7 @@ def test_a_session_draws_its_planes_with_the_configured_lod_bias():
     """`plane_lod_bias` reaches the planes a session renders.
 
     Where no Gaussian covers a pixel, render_batch draws render_planes(..., lod_bias) over
-    the background.
+    the background; a tuple gives each camera its own bias.
     """
     rig = load_rig("builtin:aloha2")
     model = load_mjmodel(rig)
@@ -488,3 +488,13 @@ def test_a_session_draws_its_planes_with_the_configured_lod_bias():
         np.testing.assert_allclose(np.asarray(rgbs[hi][0])[free], want[free], atol=1e-5)
         draws[bias] = np.asarray(rgbs[hi][0])[free]
     assert np.abs(draws[0.0] - draws[-1.0]).max() > 0.05     # the bias changes the picture
+    # one bias per camera (a tuple, camera order): each camera draws as with its own bias
+    whole = {b: C.render_batch(s.static._replace(plane_lod_bias=b), params, q,
+                               jnp.zeros_like(q), 0) for b in (0.0, -1.0)}
+    per_cam = tuple(0.0 if c == "cam_high" else -1.0 for c in s.cameras)
+    mixed = C.render_batch(s.static._replace(plane_lod_bias=per_cam), params, q,
+                           jnp.zeros_like(q), 0)
+    for i, c in enumerate(s.cameras):
+        np.testing.assert_array_equal(np.asarray(mixed[i]), np.asarray(whole[per_cam[i]][i]))
+        if c in ("cam_high", "cam_low"):     # (the wrists at q = 0 hardly see a plane)
+            assert np.abs(np.asarray(whole[0.0][i]) - np.asarray(whole[-1.0][i])).max() > 0.01
