@@ -246,6 +246,50 @@ def test_judgement_line_names_rejected_estimates():
     assert ", repaint 2 0.0509 (painted) rejected;" in judgement_line(judged)
 
 
+def _watch_repaint_entry(s, probe):
+    """Wrap a session's `cycle` and the repaint passes' entry (`_soften_plane_edges`).
+
+    Each cycle appends (judgements so far: 0 at the level, k in repaint pass k,
+    probe(level)) to `seen`; the entry records the held-out L1 of the accepted estimate
+    and of the start before and after it in `scores` (and when it ran, in `calls`).
+    """
+    seen, scores = [], {"calls": []}
+    real_cycle, real_enter = s.cycle, s._soften_plane_edges
+
+    def cycle(level=None, colour_steps=None):
+        seen.append((len(s.metrics.judgements), probe(level)))
+        return real_cycle(level, colour_steps)
+
+    def enter():
+        scores["calls"].append(len(s.metrics.judgements))
+        scores["before"] = s.holdout_residual(s.accepted)
+        scores["start_before"] = s.metrics.holdout_l1_start
+        scores["accepted"] = s.accepted
+        real_enter()
+        scores["rescored"] = s.metrics.holdout_l1
+        scores["start_rescored"] = s.metrics.holdout_l1_start
+
+    s.cycle, s._soften_plane_edges = cycle, enter
+    return seen, scores
+
+
+def _assert_rescored_alike(s, scores):
+    """The repaint passes' scene was entered once, before the first pass, and scored.
+
+    Both the accepted estimate and the start were scored again with it: every acceptance
+    test after it, and "never worse than the start", compare estimates rendered alike.
+    """
+    import math
+
+    assert scores["calls"] == [1]
+    assert scores["rescored"] != scores["before"]
+    assert scores["rescored"] == s.holdout_residual(scores["accepted"])
+    assert scores["start_rescored"] != scores["start_before"]
+    assert scores["start_rescored"] == s.holdout_residual(s._start_params)
+    assert math.isfinite(s.metrics.holdout_l1)
+    assert s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
+
+
 def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only(tmp_path):
     """`plane_edges: repaint`: hard outlines at the levels, soft ones in the repaint passes.
 
@@ -265,23 +309,8 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
     assert s.cfg.plane_edges == "repaint" and s.static.planes is not None
     natural = np.asarray(s.static.planes.clipped)
     assert not natural.all()          # the table top's outline can be soft on this rig
-    seen, scores = [], {}
-    real_cycle, real_soften = s.cycle, s._soften_plane_edges
-
-    def cycle(level=None, colour_steps=None):
-        seen.append((len(s.metrics.judgements),      # 0: the level, 1: the repaint pass
-                     np.asarray(C._planes_at_level(s.static, level).clipped).copy()))
-        return real_cycle(level, colour_steps)
-
-    def soften():
-        scores["hard"] = s.holdout_residual(s.accepted)
-        scores["start_hard"] = s.metrics.holdout_l1_start
-        scores["accepted"] = s.accepted
-        real_soften()
-        scores["rescored"] = s.metrics.holdout_l1
-        scores["start_rescored"] = s.metrics.holdout_l1_start
-
-    s.cycle, s._soften_plane_edges = cycle, soften
+    seen, scores = _watch_repaint_entry(
+        s, lambda level: np.asarray(C._planes_at_level(s.static, level).clipped).copy())
     s.run()
     assert sorted({j for j, _ in seen}) == [0, 1]     # the level, then one repaint pass
     for j, clipped in seen:
@@ -290,13 +319,7 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
         else:
             np.testing.assert_array_equal(clipped, natural)   # the pass: as found
     assert s.static.plane_edges == "soft" and s.cfg.plane_edges == "repaint"
-    # the accepted estimate was scored again, with the soft outline, before the pass
-    assert scores["rescored"] != scores["hard"]
-    assert scores["rescored"] == s.holdout_residual(scores["accepted"])
-    # ... and so was the start: "never worse than the start" compares like with like
-    assert scores["start_rescored"] != scores["start_hard"]
-    assert scores["start_rescored"] == s.holdout_residual(s._start_params)
-    assert s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
+    _assert_rescored_alike(s, scores)
     (_, _, h_level, _, _), (_, _, h_pass, ok, _) = s.metrics.judgements[-2:]
     assert ok == (h_pass <= scores["rescored"])
 
@@ -308,8 +331,6 @@ def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(
     the hard outlines kept (`plane_edges: hard`); the accepted estimate and the start are
     scored again with the shifted levels before the first pass.
     """
-    import numpy as np
-
     from realsim_core.offline import OfflineOptions, load_session
 
     rec = _tiny_recording(tmp_path, frames=4, seed=5)
@@ -319,35 +340,14 @@ def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(
         settings=(("cull_backfaces", "false"), ("precompile", "false"),
                   ("plane_lod_bias", "0.25"), ("repaint_plane_lod_bias", "-1"))))
     assert s.static.planes is not None and s.static.plane_lod_bias == 0.25
-    seen, scores, calls = [], {}, []
-    real_cycle, real_enter = s.cycle, s._soften_plane_edges
-
-    def cycle(level=None, colour_steps=None):
-        seen.append((len(s.metrics.judgements), s.static.plane_lod_bias, s.static.plane_edges))
-        return real_cycle(level, colour_steps)
-
-    def enter():
-        calls.append(len(s.metrics.judgements))
-        scores["before"] = s.holdout_residual(s.accepted)
-        scores["start_before"] = s.metrics.holdout_l1_start
-        scores["accepted"] = s.accepted
-        real_enter()
-        scores["rescored"] = s.metrics.holdout_l1
-        scores["start_rescored"] = s.metrics.holdout_l1_start
-
-    s.cycle, s._soften_plane_edges = cycle, enter
+    seen, scores = _watch_repaint_entry(
+        s, lambda level: (s.static.plane_lod_bias, s.static.plane_edges))
     s.run()
-    assert calls == [1]                               # once, before the first repaint pass
-    assert sorted({j for j, _, _ in seen}) == [0, 1, 2]
-    for j, bias, edges in seen:
+    assert sorted({j for j, _ in seen}) == [0, 1, 2]  # the level, two repaint passes
+    for j, (bias, edges) in seen:
         assert edges == "hard"                        # outlines as configured throughout
-        assert bias == (0.25 if j == 0 else -0.75)    # the level; the two repaint passes
-    # the accepted estimate and the start were scored again with the shifted levels
-    assert scores["rescored"] != scores["before"]
-    assert scores["rescored"] == s.holdout_residual(scores["accepted"])
-    assert scores["start_rescored"] != scores["start_before"]
-    assert scores["start_rescored"] == s.holdout_residual(s._start_params)
-    assert np.isfinite(s.metrics.holdout_l1) and s.metrics.holdout_l1 <= s.metrics.holdout_l1_start
+        assert bias == (0.25 if j == 0 else -0.75)
+    _assert_rescored_alike(s, scores)
 
 
 def test_cli_defaults_are_the_library_defaults():
