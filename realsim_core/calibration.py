@@ -143,6 +143,8 @@ class CalibrationConfig:
     repaint_plane_lod_bias: float = 0.0          # added to plane_lod_bias from the first
                                                  # repaint pass on (0: the levels' mip
                                                  # levels throughout; "Session 38")
+    repaint_lod_bias_cameras: tuple[str, ...] = ()   # the cameras it is added for (names;
+                                                 # empty: every camera)
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -943,6 +945,10 @@ class CalibrationSession:
         missing = [c for c in self.cameras if c not in intrinsics]
         if missing:
             raise RealsimError(f"no intrinsics for camera(s) {', '.join(missing)}")
+        unknown = [c for c in self.cfg.repaint_lod_bias_cameras if c not in self.cameras]
+        if unknown:
+            raise RealsimError(f"repaint_lod_bias_cameras: no camera {', '.join(unknown)} in "
+                               f"the rig (it has {', '.join(self.cameras)})")
         self.full_intrinsics = {c: intrinsics[c] for c in self.cameras}
         self.max_frames = int(max_frames)
         km = kinematics.build_kinematic_model(rig, model)
@@ -1787,18 +1793,20 @@ class CalibrationSession:
         """The repaint passes' planes from here on, judged alike.
 
         Soft plane outlines (`plane_edges: repaint`) and the mip levels shifted by
-        `repaint_plane_lod_bias`. The jitted functions are rebuilt for the new scene, and
-        the accepted estimate and the start are scored again with it, so that the next
-        acceptance test compares two estimates rendered the same way (a hard and a soft
-        outline score one estimate ~0.1-1 % apart) and `holdout_l1` stays comparable with
-        `holdout_l1_start`.
+        `repaint_plane_lod_bias` (for `repaint_lod_bias_cameras`, or every camera). The
+        jitted functions are rebuilt for the new scene, and the accepted estimate and the
+        start are scored again with it, so that the next acceptance test compares two
+        estimates rendered the same way (a hard and a soft outline score one estimate
+        ~0.1-1 % apart) and `holdout_l1` stays comparable with `holdout_l1_start`.
         """
         cfg, static = self.cfg, self.static
         if cfg.plane_edges == "repaint":
             static = static._replace(plane_edges="soft")
         if cfg.repaint_plane_lod_bias != 0:
-            static = static._replace(
-                plane_lod_bias=float(cfg.plane_lod_bias + cfg.repaint_plane_lod_bias))
+            sum_ = float(cfg.plane_lod_bias + cfg.repaint_plane_lod_bias)
+            chosen = cfg.repaint_lod_bias_cameras
+            static = static._replace(plane_lod_bias=sum_ if not chosen else tuple(
+                sum_ if c in chosen else float(cfg.plane_lod_bias) for c in self.cameras))
         self._set_static(static)
         m = self.metrics
         m.holdout_l1 = self.holdout_residual(self.accepted)

@@ -32,8 +32,9 @@ def parse_setting(key: str, text: str, current, optional: tuple = (), what: str 
                 raise ValueError
             return t.lower() in ("true", "1", "yes", "on")
         if isinstance(current, tuple):
-            kind = type(current[0]) if current else float
-            return tuple(kind(x) for x in t.split(",") if x.strip())
+            kind = (type(current[0]) if current
+                    else str if "str" in str(annotation) else float)
+            return tuple(kind(x.strip()) for x in t.split(",") if x.strip())
         if isinstance(current, int) or int_or_none:
             return int(t)
         if isinstance(current, float) or current is None:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from realsim_core.calibration_io import read_calibration
@@ -324,12 +325,15 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
     assert ok == (h_pass <= scores["rescored"])
 
 
-def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(tmp_path):
+@pytest.mark.parametrize("cameras", ["", "cam_low,cam_right_wrist"])
+def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(tmp_path,
+                                                                                cameras):
     """`repaint_plane_lod_bias`: the planes' mip levels shift in the repaint passes only.
 
-    The levels draw the planes at `plane_lod_bias`, the repaint passes at the sum, with
-    the hard outlines kept (`plane_edges: hard`); the accepted estimate and the start are
-    scored again with the shifted levels before the first pass.
+    The levels draw the planes at `plane_lod_bias`, the repaint passes at the sum (for
+    `repaint_lod_bias_cameras`, or every camera), with the hard outlines kept
+    (`plane_edges: hard`); the accepted estimate and the start are scored again with the
+    shifted levels before the first pass.
     """
     from realsim_core.offline import OfflineOptions, load_session
 
@@ -338,15 +342,19 @@ def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(
         levels=(1,), flat_levels=0, steps_scale=0.1, n_gaussians=1000, max_frames=4,
         progress=False, repaint_passes=2, repaint_min_gain=0.0, plane_edges="hard",
         settings=(("cull_backfaces", "false"), ("precompile", "false"),
-                  ("plane_lod_bias", "0.25"), ("repaint_plane_lod_bias", "-1"))))
+                  ("plane_lod_bias", "0.25"), ("repaint_plane_lod_bias", "-1"),
+                  ("repaint_lod_bias_cameras", cameras))))
     assert s.static.planes is not None and s.static.plane_lod_bias == 0.25
+    chosen = cameras.split(",") if cameras else s.cameras
+    in_passes = (-0.75 if not cameras
+                 else tuple(-0.75 if c in chosen else 0.25 for c in s.cameras))
     seen, scores = _watch_repaint_entry(
         s, lambda level: (s.static.plane_lod_bias, s.static.plane_edges))
     s.run()
     assert sorted({j for j, _ in seen}) == [0, 1, 2]  # the level, two repaint passes
     for j, (bias, edges) in seen:
         assert edges == "hard"                        # outlines as configured throughout
-        assert bias == (0.25 if j == 0 else -0.75)
+        assert bias == (0.25 if j == 0 else in_passes)
     _assert_rescored_alike(s, scores)
 
 

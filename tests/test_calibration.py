@@ -1103,6 +1103,9 @@ def test_config_overrides_read_each_field_as_its_type():
     assert cfg.wrist_weight == 0.3 and cfg.cycles_per_level == (30, 10)
     assert cfg.levels == (2, 1) and cfg.prior_weight_last is None
     assert cfg.cull_backfaces is False and cfg.plane_edges == "soft" and cfg.pose_steps == 6
+    # a tuple of names, read from a comma-separated list with or without spaces
+    cams = C.CalibrationConfig().with_overrides([("repaint_lod_bias_cameras", "cam_low, x")])
+    assert cams.repaint_lod_bias_cameras == ("cam_low", "x")
     assert C.CalibrationConfig().with_overrides([]) == C.CalibrationConfig()
     for bad, msg in [(("pose_steps", "2.5"), "cannot read '2.5' as int"),
                      (("wrist_weight", "none"), "cannot read 'none' as float"),

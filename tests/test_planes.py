@@ -488,6 +488,9 @@ def test_a_session_draws_its_planes_with_the_configured_lod_bias():
         np.testing.assert_allclose(np.asarray(rgbs[hi][0])[free], want[free], atol=1e-5)
         draws[bias] = np.asarray(rgbs[hi][0])[free]
     assert np.abs(draws[0.0] - draws[-1.0]).max() > 0.05     # the bias changes the picture
+    with pytest.raises(C.RealsimError, match="repaint_lod_bias_cameras: no camera cam_top"):
+        C.CalibrationSession(rig, model, intr, gauss, C.CalibrationConfig(
+            levels=(1,), cycles_per_level=(1,), repaint_lod_bias_cameras=("cam_top",)))
     # one bias per camera (a tuple, camera order): each camera draws as with its own bias
     whole = {b: C.render_batch(s.static._replace(plane_lod_bias=b), params, q,
                                jnp.zeros_like(q), 0) for b in (0.0, -1.0)}
