@@ -1033,6 +1033,7 @@ class CalibrationSession:
         self._build_optimisers()
         self.accepted = dict(self.params)
         self._painted_score = None      # (accepted dict, its painted held-out L1)
+        self._in_repaint_scene = False  # the repaint passes' planes drawn (run())
 
     # ------------------------------------------------------------------ optimisers
     def _build_optimisers(self):
@@ -1735,11 +1736,9 @@ class CalibrationSession:
                     m.repaints_skipped = len(plan) - i
                     break
             if i >= len(cfg.levels):    # a repaint pass
-                if self.static.planes is not None and (
-                        (cfg.plane_edges == "repaint" and self.static.plane_edges != "soft")
-                        or (cfg.repaint_plane_lod_bias != 0
-                            and self.static.plane_lod_bias == cfg.plane_lod_bias)):
-                    self._soften_plane_edges()
+                if (self.static.planes is not None and not self._in_repaint_scene and (
+                        cfg.plane_edges == "repaint" or cfg.repaint_plane_lod_bias != 0)):
+                    self._enter_repaint_scene()
                 l1_before = m.holdout_l1
                 self.params = dict(self.accepted)
                 self.init_colours_from_frames()
@@ -1789,8 +1788,8 @@ class CalibrationSession:
         self._cancel_precompiled()      # a budget cut the schedule short: nothing to wait for
         return m
 
-    def _soften_plane_edges(self) -> None:
-        """The repaint passes' planes from here on, judged alike.
+    def _enter_repaint_scene(self) -> None:
+        """The repaint passes' planes from here on (once per session), judged alike.
 
         Soft plane outlines (`plane_edges: repaint`) and the mip levels shifted by
         `repaint_plane_lod_bias` (for `repaint_lod_bias_cameras`, or every camera). The
@@ -1808,6 +1807,7 @@ class CalibrationSession:
             static = static._replace(plane_lod_bias=sum_ if not chosen else tuple(
                 sum_ if c in chosen else float(cfg.plane_lod_bias) for c in self.cameras))
         self._set_static(static)
+        self._in_repaint_scene = True
         m = self.metrics
         m.holdout_l1 = self.holdout_residual(self.accepted)
         m.holdout_l1_start = self.holdout_residual(self._start_params)

@@ -248,14 +248,14 @@ def test_judgement_line_names_rejected_estimates():
 
 
 def _watch_repaint_entry(s, probe):
-    """Wrap a session's `cycle` and the repaint passes' entry (`_soften_plane_edges`).
+    """Wrap a session's `cycle` and the repaint passes' entry (`_enter_repaint_scene`).
 
     Each cycle appends (judgements so far: 0 at the level, k in repaint pass k,
     probe(level)) to `seen`; the entry records the held-out L1 of the accepted estimate
     and of the start before and after it in `scores` (and when it ran, in `calls`).
     """
     seen, scores = [], {"calls": []}
-    real_cycle, real_enter = s.cycle, s._soften_plane_edges
+    real_cycle, real_enter = s.cycle, s._enter_repaint_scene
 
     def cycle(level=None, colour_steps=None):
         seen.append((len(s.metrics.judgements), probe(level)))
@@ -270,7 +270,7 @@ def _watch_repaint_entry(s, probe):
         scores["rescored"] = s.metrics.holdout_l1
         scores["start_rescored"] = s.metrics.holdout_l1_start
 
-    s.cycle, s._soften_plane_edges = cycle, enter
+    s.cycle, s._enter_repaint_scene = cycle, enter
     return seen, scores
 
 
