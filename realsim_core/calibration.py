@@ -145,6 +145,9 @@ class CalibrationConfig:
                                                  # levels throughout; "Session 38")
     repaint_lod_bias_cameras: tuple[str, ...] = ()   # the cameras it is added for (names;
                                                  # empty: every camera)
+    repaint_lod_bias_exclude: str = "none"       # "main_painter": not for the camera with
+                                                 # the largest share of the planes' paint
+                                                 # (Metrics.plane_paint_share; "Session 39")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -260,6 +263,9 @@ class CalibrationConfig:
             raise RealsimError(f"plane_fill must be 'keep' or 'nearest', got {self.plane_fill!r}")
         if not 0.0 <= self.repaint_min_gain < 1.0:
             raise RealsimError(f"repaint_min_gain must be in [0, 1), got {self.repaint_min_gain}")
+        if self.repaint_lod_bias_exclude not in ("none", "main_painter"):
+            raise RealsimError("repaint_lod_bias_exclude must be 'none' or 'main_painter', "
+                               f"got {self.repaint_lod_bias_exclude!r}")
         if self.repaint_acceptance not in ("fitted", "painted"):
             raise RealsimError("repaint_acceptance must be 'fitted' or 'painted', got "
                                f"{self.repaint_acceptance!r}")
@@ -468,6 +474,10 @@ class Metrics:
     rollbacks: int = 0
     camera_reverts: int = 0                       # camera poses kept by the camera guard
     repaints_skipped: int = 0                     # repaint passes not run (repaint_min_gain)
+    # per camera: its share of the plane texels' paint samples (views that saw a texel)
+    # at the last painting of the session's estimate (init_colours_from_frames)
+    plane_paint_share: dict = field(default_factory=dict)
+    repaint_bias_cameras: tuple = ()              # drawn with repaint_plane_lod_bias
     level: int = 0
     steps_per_s: float = 0.0
     history: list = field(default_factory=list)   # (step, loss, holdout) tuples
@@ -1496,13 +1506,15 @@ class CalibrationSession:
         return (idx, poses.bodies, np.asarray(poses.cameras, np.float64),
                 len(self.cfg.levels) - 1)
 
-    def _median_colours(self, points, idx, cams, level: int, use_camera=None):
+    def _median_colours(self, points, idx, cams, level: int, use_camera=None,
+                        samples: np.ndarray | None = None):
         """Median over views of the pixel each point falls on -> [N, 3] (NaN: seen nowhere).
 
         points(bi) -> [N, 3] world points of frame `idx[bi]`. Nearest pixel; points behind
         a camera (or hidden from it, `use_camera(c, T) -> [N] bool` of usable points) or
         outside its image are skipped; occlusion by the robot is not modelled (the median
-        and the colour steps take care of it).
+        and the colour steps take care of it). `samples` ([C] int, optional): each
+        camera's count of the pixels it gave is added to it.
         """
         st = self.static
         # the painting frames on the host once (per-view device indexing costs a dispatch each)
@@ -1525,6 +1537,8 @@ class CalibrationSession:
                 ui = np.round(it.fx * pc[:, 0] / zs + it.cx).astype(int)
                 vi = np.round(it.fy * pc[:, 1] / zs + it.cy).astype(int)
                 ok &= (ui >= 0) & (ui < it.width) & (vi >= 0) & (vi < it.height)
+                if samples is not None:
+                    samples[c] += int(ok.sum())
                 img = images[c][bi]
                 col = np.full((len(pts), 3), np.nan, np.float32)
                 col[ok] = img[vi[ok], ui[ok]]
@@ -1541,13 +1555,15 @@ class CalibrationSession:
         out[have] = _logit(med[have])
         return jnp.asarray(out.reshape(np.shape(logits)), jnp.float32)
 
-    def painted_params(self, params=None, max_frames: int = 8, train_only: bool = False):
+    def painted_params(self, params=None, max_frames: int = 8, train_only: bool = False,
+                       plane_samples: np.ndarray | None = None):
         """`params` (default current) with colours and plane textures painted at its poses.
 
         Each Gaussian gets the median of its projections into the first `max_frames`
         buffered frames (`_median_colours`; training frames only with `train_only`), each
-        plane texel the median of its pixels (`_painted_plane_logits`); what is seen
-        nowhere keeps its colour. Returns a new dict; the session is not touched.
+        plane texel the median of its pixels (`_painted_plane_logits`, which adds each
+        camera's count of texel pixels to `plane_samples`); what is seen nowhere keeps its
+        colour. Returns a new dict; the session is not touched.
         """
         p = self.params if params is None else params
         views = self._init_views(max_frames, p, train_only)
@@ -1562,32 +1578,45 @@ class CalibrationSession:
         out = {**p, "color_logits": self._logits_where_seen(p["color_logits"], med)}
         if self.static.planes is not None:
             out["plane_logits"] = self._painted_plane_logits(out["plane_logits"], idx, cams,
-                                                             level)
+                                                             level, plane_samples)
         return out
 
     def init_colours_from_frames(self, max_frames: int = 8) -> None:
         """Initialise Gaussian colours (and plane textures) from the images.
 
-        `painted_params` at the current estimate, with fresh colour moments.
+        `painted_params` at the current estimate, with fresh colour moments; each camera's
+        share of the plane texels' paint goes to `metrics.plane_paint_share`.
         """
         if not np.any(np.asarray(self.bufs.train | self.bufs.holdout)):
             return                      # nothing buffered to paint from
-        self.params = self.painted_params(self.params, max_frames)
+        samples = np.zeros(len(self.cameras), np.int64)
+        self.params = self.painted_params(self.params, max_frames, plane_samples=samples)
         self._colour_state = self._colour_opt.init(self.params)
+        self._record_paint_share(samples)
+
+    def _record_paint_share(self, samples: np.ndarray) -> None:
+        total = int(samples.sum())
+        if total > 0:
+            self.metrics.plane_paint_share = {c: float(n) / total
+                                              for c, n in zip(self.cameras, samples)}
 
     def init_plane_textures(self, max_frames: int = 8) -> None:
         """Paint the plane textures from the images at the current estimate."""
         views = self._init_views(max_frames)
         if views is not None and self.static.planes is not None:
             idx, _, cams, level = views
+            samples = np.zeros(len(self.cameras), np.int64)
             self.params = {**self.params, "plane_logits": self._painted_plane_logits(
-                self.params["plane_logits"], idx, cams, level)}
+                self.params["plane_logits"], idx, cams, level, samples)}
             self._colour_state = self._colour_opt.init(self.params)
+            self._record_paint_share(samples)
 
-    def _painted_plane_logits(self, plane_logits, idx, cams, level: int) -> jnp.ndarray:
+    def _painted_plane_logits(self, plane_logits, idx, cams, level: int,
+                              samples: np.ndarray | None = None) -> jnp.ndarray:
         """Plane textures: per texel, the median of its pixels over the painting cameras.
 
-        Views where another plane hides the texel are skipped.
+        Views where another plane hides the texel are skipped. `samples` ([C] int,
+        optional): each camera's count of the texel pixels it gave is added to it.
         """
         st = self.static
         logits = np.asarray(plane_logits).copy()
@@ -1612,7 +1641,8 @@ class CalibrationSession:
                     seen[key] = ok
                 return seen[key]
 
-            med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable)
+            med = self._median_colours(lambda bi, pts=pts: pts, idx, cams, level, usable,
+                                       samples)
             if self.cfg.plane_fill == "nearest":
                 med = fill_unseen_texels(med.reshape(logits[pi].shape)).reshape(-1, 3)
             logits[pi] = np.asarray(self._logits_where_seen(logits[pi], med))
@@ -1736,12 +1766,12 @@ class CalibrationSession:
                     m.repaints_skipped = len(plan) - i
                     break
             if i >= len(cfg.levels):    # a repaint pass
+                self.params = dict(self.accepted)
+                self.init_colours_from_frames()     # (the planes' paint share: the scene)
                 if (self.static.planes is not None and not self._in_repaint_scene and (
                         cfg.plane_edges == "repaint" or cfg.repaint_plane_lod_bias != 0)):
                     self._enter_repaint_scene()
                 l1_before = m.holdout_l1
-                self.params = dict(self.accepted)
-                self.init_colours_from_frames()
                 self._pose_state = self._pose_opt.init(self.params)
             if warm:
                 self.cycle(li, colour_steps=warm)
@@ -1792,7 +1822,7 @@ class CalibrationSession:
         """The repaint passes' planes from here on (once per session), judged alike.
 
         Soft plane outlines (`plane_edges: repaint`) and the mip levels shifted by
-        `repaint_plane_lod_bias` (for `repaint_lod_bias_cameras`, or every camera). The
+        `repaint_plane_lod_bias` (for `repaint_bias_cameras()`, kept in `metrics`). The
         jitted functions are rebuilt for the new scene, and the accepted estimate and the
         start are scored again with it, so that the next acceptance test compares two
         estimates rendered the same way (a hard and a soft outline score one estimate
@@ -1803,14 +1833,36 @@ class CalibrationSession:
             static = static._replace(plane_edges="soft")
         if cfg.repaint_plane_lod_bias != 0:
             sum_ = float(cfg.plane_lod_bias + cfg.repaint_plane_lod_bias)
-            chosen = cfg.repaint_lod_bias_cameras
-            static = static._replace(plane_lod_bias=sum_ if not chosen else tuple(
+            chosen = self.repaint_bias_cameras()
+            self.metrics.repaint_bias_cameras = chosen
+            static = static._replace(plane_lod_bias=sum_ if chosen == self.cameras else tuple(
                 sum_ if c in chosen else float(cfg.plane_lod_bias) for c in self.cameras))
+            _LOG.info("repaint passes: planes' mip bias %+g for %s", cfg.repaint_plane_lod_bias,
+                      ", ".join(chosen) or "no camera")
         self._set_static(static)
         self._in_repaint_scene = True
         m = self.metrics
         m.holdout_l1 = self.holdout_residual(self.accepted)
         m.holdout_l1_start = self.holdout_residual(self._start_params)
+
+    def repaint_bias_cameras(self) -> tuple[str, ...]:
+        """The cameras drawn with `repaint_plane_lod_bias` in the repaint passes.
+
+        `repaint_lod_bias_cameras` (empty: every camera), less the main painter with
+        `repaint_lod_bias_exclude: main_painter`: the camera with the largest share of
+        the planes' paint (`metrics.plane_paint_share`, from the last painting). That
+        camera's own pixels make most of the texture, so a sharper lookup of it mostly
+        shows the camera its own image where it was painted, which holds it there
+        (docs/calibration.md "Session 38", "Session 39").
+        """
+        cfg = self.cfg
+        chosen = tuple(c for c in self.cameras
+                       if not cfg.repaint_lod_bias_cameras or c in cfg.repaint_lod_bias_cameras)
+        share = self.metrics.plane_paint_share
+        if cfg.repaint_lod_bias_exclude == "main_painter" and share:
+            main = max(self.cameras, key=lambda c: share.get(c, 0.0))
+            chosen = tuple(c for c in chosen if c != main)
+        return chosen
 
     def _better_of(self, last, mean, level: int | None = None):
         """The last iterate or the iterate mean, whichever has the lower held-out L1.

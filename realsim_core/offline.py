@@ -51,6 +51,12 @@ class OfflineOptions:
     repaint_min_gain: float = 0.005   # CalibrationConfig.repaint_min_gain: no further pass
                                       # after one that lowered the held-out L1 by < 0.5 %
                                       # (docs/calibration.md "Session 28")
+    repaint_plane_lod_bias: float = -1.0  # CalibrationConfig.repaint_plane_lod_bias: the
+                                      # planes one mip level sharper in the repaint passes
+    repaint_lod_bias_exclude: str = "main_painter"  # ... for every camera but the one
+                                      # that paints most of the planes (docs/calibration.md
+                                      # "Session 38": over the σ sweep TCP 0.698 → 0.554 mm;
+                                      # the engine's defaults are 0 and "none")
     wrist_weight: float = 0.3         # CalibrationConfig.wrist_weight: wrist images in pose
                                       # steps. The engine's default is the paper's 0.1; over
                                       # the σ sweep 0.3 was better in 11 of 12 runs
@@ -192,6 +198,8 @@ def calibration_config(opts: OfflineOptions):
                         repaint_passes=opts.repaint_passes,
                         repaint_min_gain=opts.repaint_min_gain,
                         painted_warmup_steps=opts.painted_warmup_steps,
+                        repaint_plane_lod_bias=opts.repaint_plane_lod_bias,
+                        repaint_lod_bias_exclude=opts.repaint_lod_bias_exclude,
                         wrist_weight=opts.wrist_weight).with_overrides(opts.settings)
 
 
@@ -269,6 +277,8 @@ def calibrate_bag(bag: str | os.PathLike, out_dir: str | os.PathLike,
         "camera_reverts": m.camera_reverts,
         "accepted": m.accepted, "rejected": m.rejected,
         "repaints_skipped": m.repaints_skipped,
+        "plane_paint_share": m.plane_paint_share,
+        "repaint_bias_cameras": list(m.repaint_bias_cameras),
         "holdout_l1_start": m.holdout_l1_start, "holdout_l1": m.holdout_l1,
         "steps_per_s": m.steps_per_s, "load_s": t_load,
         "wall_s": time.monotonic() - t0, "rig": str(rig_path), "objects_s": t_obj,

@@ -325,13 +325,16 @@ def test_repaint_plane_edges_soften_the_table_outline_in_the_repaint_passes_only
     assert ok == (h_pass <= scores["rescored"])
 
 
-@pytest.mark.parametrize("cameras", ["", "cam_low,cam_right_wrist"])
-def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(tmp_path,
-                                                                                cameras):
+@pytest.mark.parametrize("cameras, exclude", [("", "none"), ("cam_low,cam_right_wrist", "none"),
+                                              ("", "main_painter"),
+                                              ("cam_high,cam_low", "main_painter")])
+def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(
+        tmp_path, cameras, exclude):
     """`repaint_plane_lod_bias`: the planes' mip levels shift in the repaint passes only.
 
     The levels draw the planes at `plane_lod_bias`, the repaint passes at the sum (for
-    `repaint_lod_bias_cameras`, or every camera), with the hard outlines kept
+    `repaint_lod_bias_cameras`, or every camera; less the camera that paints most of the
+    planes with `repaint_lod_bias_exclude: main_painter`), with the hard outlines kept
     (`plane_edges: hard`); the accepted estimate and the start are scored again with the
     shifted levels before the first pass.
     """
@@ -341,21 +344,74 @@ def test_repaint_plane_lod_bias_shifts_the_mip_level_in_the_repaint_passes_only(
     s, _, _ = load_session(rec, OfflineOptions(
         levels=(1,), flat_levels=0, steps_scale=0.1, n_gaussians=1000, max_frames=4,
         progress=False, repaint_passes=2, repaint_min_gain=0.0, plane_edges="hard",
+        repaint_lod_bias_exclude=exclude,
         settings=(("cull_backfaces", "false"), ("precompile", "false"),
                   ("plane_lod_bias", "0.25"), ("repaint_plane_lod_bias", "-1"),
                   ("repaint_lod_bias_cameras", cameras))))
     assert s.static.planes is not None and s.static.plane_lod_bias == 0.25
-    chosen = cameras.split(",") if cameras else s.cameras
-    in_passes = (-0.75 if not cameras
+    chosen = cameras.split(",") if cameras else list(s.cameras)
+    if exclude == "main_painter":
+        chosen.remove("cam_high")     # it paints most of the table (the test below)
+    in_passes = (-0.75 if len(chosen) == len(s.cameras)
                  else tuple(-0.75 if c in chosen else 0.25 for c in s.cameras))
     seen, scores = _watch_repaint_entry(
         s, lambda level: (s.static.plane_lod_bias, s.static.plane_edges))
     s.run()
+    assert s.metrics.repaint_bias_cameras == tuple(c for c in s.cameras if c in chosen)
     assert sorted({j for j, _ in seen}) == [0, 1, 2]  # the level, two repaint passes
     for j, (bias, edges) in seen:
         assert edges == "hard"                        # outlines as configured throughout
         assert bias == (0.25 if j == 0 else in_passes)
     _assert_rescored_alike(s, scores)
+
+
+@pytest.mark.parametrize("painters", ["all", "fixed"])
+def test_plane_paint_share_counts_each_cameras_texel_pixels(tmp_path, painters):
+    """`metrics.plane_paint_share`: each camera's share of the planes' paint.
+
+    Checked against a float64 count of the texel centres each view sees (in front, in
+    the image, not behind another plane); with `plane_painters: fixed` the wrists paint
+    nothing.
+    """
+    import numpy as np
+
+    from realsim_core.offline import OfflineOptions, load_session
+    from realsim_core.planes import occluded_by_planes, texel_centres
+
+    rec = _tiny_recording(tmp_path, frames=3, seed=5)
+    s, _, _ = load_session(rec, OfflineOptions(
+        levels=(1,), flat_levels=0, n_gaussians=1000, max_frames=3, progress=False,
+        settings=(("precompile", "false"), ("plane_painters", painters))))
+    s.metrics.plane_paint_share = {}
+    s.init_colours_from_frames()
+    share = s.metrics.plane_paint_share
+    st = s.static
+    idx, _, cams, level = s._init_views(8)
+    counts = np.zeros(len(s.cameras))
+    for pi in range(len(st.planes.names)):
+        pts = texel_centres(st.planes, pi, st.plane_res).reshape(-1, 3)
+        lifted = (pts + 2e-3 * st.planes.normal[pi]).astype(np.float32)
+        for c, name in enumerate(s.cameras):
+            if painters == "fixed" and "wrist" in name:
+                continue
+            it = st.intrinsics[level][c]
+            for bi in range(len(idx)):
+                T = cams[bi, c]
+                pc = (pts - T[:3, 3]) @ T[:3, :3]
+                z = np.where(pc[:, 2] > 0.02, pc[:, 2], np.inf)
+                u = np.round(it.fx * pc[:, 0] / z + it.cx)
+                v = np.round(it.fy * pc[:, 1] / z + it.cy)
+                inside = ((pc[:, 2] > 0.02) & (u >= 0) & (u < it.width) & (v >= 0)
+                          & (v < it.height))
+                counts[c] += np.sum(inside & ~occluded_by_planes(
+                    st.planes, lifted, T[:3, 3].astype(np.float32)))
+    assert counts.sum() > 0
+    assert list(share) == list(s.cameras)
+    np.testing.assert_allclose([share[c] for c in s.cameras], counts / counts.sum(),
+                               rtol=0, atol=1e-12)
+    assert max(share, key=share.get) == "cam_high"
+    if painters == "fixed":
+        assert share["cam_left_wrist"] == share["cam_right_wrist"] == 0.0
 
 
 def test_cli_defaults_are_the_library_defaults():
