@@ -56,6 +56,14 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert m["config"]["pose_steps"] == 3
     assert m["config"]["levels"] == [1] and m["config"]["fixed_weight"] == 1.0
     assert m["config"]["plane_edges"] == "repaint"        # the offline default
+    # the offline default: the planes one mip level sharper in the repaint passes for
+    # every camera but the one that paints most of them (cam_high sees the table top)
+    assert m["config"]["repaint_plane_lod_bias"] == -1.0
+    assert m["config"]["repaint_lod_bias_exclude"] == "main_painter"
+    share = m["plane_paint_share"]
+    assert set(share) == set(cal.cameras) and abs(sum(share.values()) - 1.0) < 1e-9
+    assert max(share, key=share.get) == "cam_high"
+    assert m["repaint_bias_cameras"] == ["cam_low", "cam_left_wrist", "cam_right_wrist"]
     # the appearance-free check of every camera, start and calibrated (px, capped at 8)
     for key in ("edge_distance_px_start", "edge_distance_px"):
         assert set(m[key]) == set(cal.cameras)
