@@ -1117,6 +1117,8 @@ def test_config_overrides_read_each_field_as_its_type():
                      (("plane_lod_bias", "-9"), "plane_lod_bias must be in"),
                      (("repaint_plane_lod_bias", "nan"), "repaint_plane_lod_bias must be"),
                      (("repaint_plane_lod_bias", "8.5"), "repaint_plane_lod_bias must be"),
+                     (("repaint_lod_bias_exclude", "cam_high"),
+                      "repaint_lod_bias_exclude must be 'none' or 'main_painter'"),
                      (("levels", "8,4,2,1"), "cycles_per_level needs one entry per level")]:
         with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
             C.CalibrationConfig().with_overrides([bad])
