@@ -1767,7 +1767,7 @@ class CalibrationSession:
                     break
             if i >= len(cfg.levels):    # a repaint pass
                 self.params = dict(self.accepted)
-                self.init_colours_from_frames()     # (the planes' paint share: the scene)
+                self.init_colours_from_frames()     # first: the scene reads its paint share
                 if (self.static.planes is not None and not self._in_repaint_scene and (
                         cfg.plane_edges == "repaint" or cfg.repaint_plane_lod_bias != 0)):
                     self._enter_repaint_scene()
@@ -1850,7 +1850,8 @@ class CalibrationSession:
 
         `repaint_lod_bias_cameras` (empty: every camera), less the main painter with
         `repaint_lod_bias_exclude: main_painter`: the camera with the largest share of
-        the planes' paint (`metrics.plane_paint_share`, from the last painting). That
+        the planes' paint (`metrics.plane_paint_share`, from the last painting; before
+        any painting none is left out). That
         camera's own pixels make most of the texture, so a sharper lookup of it mostly
         shows the camera its own image where it was painted, which holds it there
         (docs/calibration.md "Session 38", "Session 39").
@@ -1860,7 +1861,7 @@ class CalibrationSession:
                        if not cfg.repaint_lod_bias_cameras or c in cfg.repaint_lod_bias_cameras)
         share = self.metrics.plane_paint_share
         if cfg.repaint_lod_bias_exclude == "main_painter" and share:
-            main = max(self.cameras, key=lambda c: share.get(c, 0.0))
+            main = max(self.cameras, key=share.__getitem__)
             chosen = tuple(c for c in chosen if c != main)
         return chosen
 
