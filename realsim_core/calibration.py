@@ -875,11 +875,16 @@ class _StepPair:
 class _Precompiled:
     """A jitted function whose executable may be compiled ahead of time elsewhere.
 
-    `submit` starts `jitted.lower(*args).compile()` on an executor (a background
-    thread). The first call takes that executable: it waits for a compilation in
-    progress, and cancels one not yet started (the call compiles through `jit` then, as
-    it would without). Calls whose arguments do not match the compiled signature go
-    through `jit`, so a stale executable costs a compilation, never a wrong result.
+    `submit` traces and lowers `jitted` at `args` in the caller's thread and starts
+    the XLA compilation of that (`Lowered.compile`, the long part) on an executor (a
+    background thread). Tracing stays in one thread: JAX's tracing of the same
+    `custom_vjp` in two threads at once can fail ("StoreException: Store occupied",
+    seen when the main thread traced a step through `jit` while the background one
+    lowered another function). The first call takes that executable: it waits for a
+    compilation in progress, and cancels one not yet started (the call compiles through
+    `jit` then, as it would without). Calls whose arguments do not match the compiled
+    signature go through `jit`, so a stale executable costs a compilation, never a wrong
+    result.
     """
 
     def __init__(self, jitted):
@@ -891,7 +896,7 @@ class _Precompiled:
 
     def submit(self, executor: concurrent.futures.Executor, *args) -> None:
         if self._future is None and not self._called:
-            self._future = executor.submit(lambda: self.jitted.lower(*args).compile())
+            self._future = executor.submit(self.jitted.lower(*args).compile)
 
     def cancel(self) -> None:
         """Drop a compilation not yet started (one in progress runs to its end)."""
@@ -1105,6 +1110,9 @@ class CalibrationSession:
 
     def precompile(self, levels=None) -> None:
         """Compile the jitted functions a run will call, in a background thread.
+
+        Each is traced and lowered here, in the calling thread (`_Precompiled.submit`);
+        the XLA compilations run one after another in the background.
 
         In the order a run needs them: the finest level's held-out scorer (`start`
         scores the start with it while the main thread paints), the step function of

@@ -1300,6 +1300,32 @@ def test_recovers_a_wrist_mount_offset_in_world_coordinates(setup):
     np.testing.assert_array_equal(s.accepted["joint_offsets"], off)
 
 
+def test_precompiled_function_is_traced_in_the_callers_thread():
+    """`_Precompiled.submit` traces and lowers in the calling thread.
+
+    Only XLA's compile runs on the executor (JAX's tracing of one custom_vjp in two
+    threads at once raced: "Store occupied"). The call then runs the ahead-of-time
+    executable, traced once.
+    """
+    import concurrent.futures
+    import threading
+
+    traced_in = []
+
+    @jax.jit
+    def f(x):
+        traced_in.append(threading.current_thread().name)     # runs while tracing
+        return 2.0 * x
+
+    pc = C._Precompiled(f)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bg") as ex:
+        pc.submit(ex, jnp.ones(3))
+        assert traced_in == [threading.current_thread().name]
+        out = pc(jnp.ones(3))
+    np.testing.assert_array_equal(np.asarray(out), 2.0 * np.ones(3))
+    assert pc.compiled_calls == 1 and len(traced_in) == 1
+
+
 def test_precompiled_functions_give_the_same_run_and_are_used(setup):
     """Background compilation (cfg.precompile) changes when functions compile, not results.
 
