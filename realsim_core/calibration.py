@@ -475,7 +475,8 @@ class Metrics:
     camera_reverts: int = 0                       # camera poses kept by the camera guard
     repaints_skipped: int = 0                     # repaint passes not run (repaint_min_gain)
     # per camera: its share of the plane texels' paint samples (views that saw a texel)
-    # at the last painting of the session's estimate (init_colours_from_frames)
+    # at the last painting of the session's estimate (init_colours_from_frames,
+    # init_plane_textures)
     plane_paint_share: dict = field(default_factory=dict)
     repaint_bias_cameras: tuple = ()              # drawn with repaint_plane_lod_bias
     level: int = 0
@@ -1859,10 +1860,9 @@ class CalibrationSession:
         `repaint_lod_bias_cameras` (empty: every camera), less the main painter with
         `repaint_lod_bias_exclude: main_painter`: the camera with the largest share of
         the planes' paint (`metrics.plane_paint_share`, from the last painting; before
-        any painting none is left out). That
-        camera's own pixels make most of the texture, so a sharper lookup of it mostly
-        shows the camera its own image where it was painted, which holds it there
-        (docs/calibration.md "Session 38", "Session 39").
+        any painting none is left out). That camera's own pixels make most of the
+        texture, so a sharper lookup of it mostly shows the camera its own image where it
+        was painted, which holds it there (docs/calibration.md "Session 38", "Session 39").
         """
         cfg = self.cfg
         chosen = tuple(c for c in self.cameras
