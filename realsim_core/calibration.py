@@ -109,6 +109,11 @@ class CalibrationConfig:
                                                  # the accepted held-out L1 (fitted) by less
                                                  # than this fraction (a rejected pass: 0);
                                                  # 0 runs them all ("Session 28")
+    repaint_tolerance: float = 0.0               # a repaint pass is accepted when its
+                                                 # held-out score is at most the best
+                                                 # accepted one's x (1 + this) (and the
+                                                 # fitted L1 not above the start's); 0:
+                                                 # it must not get worse ("Session 40")
     repaint_acceptance: str = "fitted"           # what judges a repaint pass on held-out
                                                  # frames: L1 with each estimate's fitted
                                                  # colours ("fitted"), or with colours
@@ -266,6 +271,8 @@ class CalibrationConfig:
         if self.repaint_lod_bias_exclude not in ("none", "main_painter"):
             raise RealsimError("repaint_lod_bias_exclude must be 'none' or 'main_painter', "
                                f"got {self.repaint_lod_bias_exclude!r}")
+        if not 0.0 <= self.repaint_tolerance <= 1.0:     # NaN fails too
+            raise RealsimError(f"repaint_tolerance must be in [0, 1], got {self.repaint_tolerance}")
         if self.repaint_acceptance not in ("fitted", "painted"):
             raise RealsimError("repaint_acceptance must be 'fitted' or 'painted', got "
                                f"{self.repaint_acceptance!r}")
@@ -469,6 +476,9 @@ class Metrics:
     loss: float = math.nan
     holdout_l1: float = math.nan
     holdout_l1_start: float = math.nan
+    # the lowest held-out L1 accepted since the estimates were last scored with the
+    # current scene (the start, or entering the repaint scene): repaint_tolerance's base
+    holdout_l1_best: float = math.nan
     accepted: int = 0
     rejected: int = 0
     rollbacks: int = 0
@@ -1686,7 +1696,8 @@ class CalibrationSession:
             self.accepted = dict(self.params)
         m = self.metrics
         self._start_params = self.accepted       # scored again if the scene changes
-        m.holdout_l1_start = m.holdout_l1 = self.holdout_residual(self.accepted)
+        m.holdout_l1_start = m.holdout_l1 = m.holdout_l1_best = self.holdout_residual(
+            self.accepted)
         self._started = True
         return m.holdout_l1_start
 
@@ -1700,7 +1711,8 @@ class CalibrationSession:
         for _ in range(self.cfg.pose_steps):
             self._do(fn, True)
 
-    def try_accept(self, label: str = "", painted: bool = False) -> bool:
+    def try_accept(self, label: str = "", painted: bool = False,
+                   tolerance: float = 0.0) -> bool:
         """Accept the current parameters iff the held-out L1 did not get worse.
 
         First (`camera_guard`), a camera whose rendered silhouette fits the image edges
@@ -1708,7 +1720,11 @@ class CalibrationSession:
         estimate (optimiser state reset). Returns whether the estimate was accepted;
         `label` names the estimate in `metrics.judgements`. `painted`: compare
         `painted_holdout_residual`s instead (the fitted L1 must stay at or below the
-        start's).
+        start's). `tolerance` > 0 (the repaint passes' `repaint_tolerance`): accept a
+        score up to (1 + tolerance) x the lowest fitted held-out L1 accepted so far in
+        this scene (the accepted painted score when `painted`), as long as the fitted L1
+        stays at or below the start's, so a run still never ends worse than its start and
+        a chain of tolerated passes cannot drift up from the best one.
         """
         m = self.metrics
         if self.cfg.camera_guard and self.cfg.optimise_cameras:
@@ -1721,7 +1737,12 @@ class CalibrationSession:
         if painted:
             score = self.painted_holdout_residual(self.params)
             ok = bool(np.isfinite(res) and res <= m.holdout_l1_start and np.isfinite(score)
-                      and score <= self._accepted_painted_score())
+                      and score <= self._accepted_painted_score() * (1.0 + tolerance))
+        elif tolerance > 0:
+            score = res
+            best = float(np.fmin(m.holdout_l1_best, m.holdout_l1))
+            ok = bool(np.isfinite(res) and res <= m.holdout_l1_start
+                      and res <= best * (1.0 + tolerance))
         else:
             score = res
             ok = bool(np.isfinite(res) and res <= m.holdout_l1)
@@ -1730,6 +1751,7 @@ class CalibrationSession:
             self.accepted = dict(self.params)
             self._painted_score = (self.accepted, score) if painted else None
             m.holdout_l1 = res
+            m.holdout_l1_best = float(np.fmin(m.holdout_l1_best, res))
             m.accepted += 1
         else:
             self.restart_optimiser()
@@ -1818,8 +1840,9 @@ class CalibrationSession:
                 if li < len(cfg.levels) - 1 and not out_of_time():
                     continue
             # this level's estimate, judged on held-out frames
-            self.try_accept(label, painted=(i >= len(cfg.levels)
-                                            and cfg.repaint_acceptance == "painted"))
+            repaint = i >= len(cfg.levels)
+            self.try_accept(label, painted=repaint and cfg.repaint_acceptance == "painted",
+                            tolerance=cfg.repaint_tolerance if repaint else 0.0)
             if out_of_time():
                 break
         self.lr_scale = 1.0
@@ -1851,7 +1874,7 @@ class CalibrationSession:
         self._set_static(static)
         self._in_repaint_scene = True
         m = self.metrics
-        m.holdout_l1 = self.holdout_residual(self.accepted)
+        m.holdout_l1 = m.holdout_l1_best = self.holdout_residual(self.accepted)
         m.holdout_l1_start = self.holdout_residual(self._start_params)
 
     def repaint_bias_cameras(self) -> tuple[str, ...]:

@@ -204,7 +204,7 @@ class SessionEstimator:
         if not self._dirty:
             return
         s = self.session
-        s.metrics.holdout_l1 = s.holdout_residual(s.accepted)
+        s.metrics.holdout_l1 = s.metrics.holdout_l1_best = s.holdout_residual(s.accepted)
         s.metrics.holdout_l1_start = s.holdout_residual(self._nominal_params)
         self._dirty = False
 

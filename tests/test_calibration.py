@@ -7,6 +7,8 @@ end-to-end runs are the benchmark's job (docs/calibration.md).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -785,18 +787,21 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
     truth["fixed_deltas"] = jnp.asarray(delta)
     _reset(s, truth, qs)
     saved_cfg = s.cfg
-    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=1, repaint_acceptance=judge)
+    s.cfg = s.cfg.replace(cycles_per_level=(2,), repaint_passes=1, repaint_acceptance=judge,
+                          repaint_tolerance=0.25)
     painted, judged = [], []     # poses the repaints start from; (iterate, accepted) per test
+    tolerances = []
     real_init, real_accept = s.init_colours_from_frames, s.try_accept
 
     def init_colours(*a, **k):
         painted.append(np.asarray(s.params["fixed_deltas"]).copy())
         return real_init(*a, **k)
 
-    def try_accept(label="", painted=False):
+    def try_accept(label="", painted=False, tolerance=0.0):
         iterate = np.asarray(s.params["fixed_deltas"]).copy()
-        ok = real_accept(label, painted)
+        ok = real_accept(label, painted, tolerance)
         judged.append((len(cycles), iterate, np.asarray(s.accepted["fixed_deltas"]).copy(), ok))
+        tolerances.append(tolerance)
         return ok
 
     monkeypatch.setattr(s, "init_colours_from_frames", init_colours)
@@ -810,6 +815,7 @@ def test_repaint_passes_repaint_at_the_accepted_estimate_and_rerun_the_last_leve
         monkeypatch.undo()      # before restore_appearance puts the session back
     assert cycles == [0, 0, 0, 0]                    # the level, then its repainted pass
     assert [j[0] for j in judged] == [2, 4]          # each pass judged on its own
+    assert tolerances == [0.0, 0.25]                 # the tolerance is the repaint passes'
     # each test is recorded under its pass's name, with its verdict; an accepted
     # candidate's held-out L1 becomes the accepted one
     record = s.metrics.judgements[n_judged:]
@@ -866,6 +872,58 @@ def test_repaint_min_gain_stops_the_repaint_passes(setup, monkeypatch, restore_a
     for bad in (-0.1, 1.0):
         with pytest.raises(C.RealsimError, match="repaint_min_gain"):
             C.CalibrationConfig(repaint_min_gain=bad)
+
+
+def test_repaint_tolerance_accepts_within_it_of_the_best_and_never_above_the_start(
+        setup, restore_appearance):
+    """A tolerated candidate is within (1 + tolerance) of the lowest accepted held-out L1.
+
+    Candidates further from the truth score higher (checked); the test then judges them
+    against controlled references: tolerance 0 is the strict test, a tolerance just above
+    or below the candidate's excess accepts or rejects it, the start's fitted L1 caps any
+    tolerance, and a chain of tolerated candidates is measured from the best accepted one,
+    not the last.
+    """
+    rig, s, qs = setup
+    truth = _fresh(s)
+    _reset_with_holdout(s, truth, qs)
+
+    def moved(mm):
+        delta = np.zeros((len(rig.fixed_cameras), 6), np.float32)
+        delta[0, :3] = np.array([1.0, -1.0, 0.5]) * mm * 1e-3
+        return dict(truth, fixed_deltas=jnp.asarray(delta))
+
+    best, cand, worse = moved(1.0), moved(2.0), moved(3.0)
+    h0, h1, h2 = (s.holdout_residual(p) for p in (best, cand, worse))
+    assert h0 < h1 < h2
+    excess = h1 / h0 - 1
+
+    def judge(candidate, tolerance, start=1.0, accepted=best, l1=h0, l1_best=math.nan):
+        s.accepted, s.params = dict(accepted), dict(candidate)
+        s.metrics = C.Metrics(holdout_l1_start=start, holdout_l1=l1, holdout_l1_best=l1_best)
+        return s.try_accept("candidate", tolerance=tolerance)
+
+    def accepted_deltas():
+        return np.asarray(s.accepted["fixed_deltas"])
+
+    assert not judge(cand, 0.0)                                   # strict
+    assert not judge(cand, 0.9 * excess)
+    np.testing.assert_array_equal(accepted_deltas(), np.asarray(best["fixed_deltas"]))
+    np.testing.assert_array_equal(np.asarray(s.params["fixed_deltas"]), accepted_deltas())
+    assert judge(cand, 1.1 * excess, l1_best=h0)
+    np.testing.assert_array_equal(accepted_deltas(), np.asarray(cand["fixed_deltas"]))
+    m = s.metrics
+    assert (m.holdout_l1, m.holdout_l1_best) == (h1, h0)   # the accepted one's; the best
+    assert m.judgements == [("candidate", 0, h1, True, False)]
+    assert not judge(cand, 1.0, start=0.999 * h1)                 # never above the start
+    # the next candidate is within tolerance of the tolerated one but not of the best
+    step = 1.01 * (h2 / h1 - 1)
+    assert h2 > h0 * (1 + step)
+    assert not judge(worse, step, accepted=cand, l1=h1, l1_best=h0)
+    assert judge(worse, step, accepted=cand, l1=h1)               # no best on record
+    for bad in (-0.01, 1.5, math.nan):
+        with pytest.raises(C.RealsimError, match="repaint_tolerance"):
+            C.CalibrationConfig(repaint_tolerance=bad)
 
 
 def _reset_with_holdout(session, truth_params, qs):
