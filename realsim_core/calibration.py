@@ -272,7 +272,8 @@ class CalibrationConfig:
             raise RealsimError("repaint_lod_bias_exclude must be 'none' or 'main_painter', "
                                f"got {self.repaint_lod_bias_exclude!r}")
         if not 0.0 <= self.repaint_tolerance <= 1.0:     # NaN fails too
-            raise RealsimError(f"repaint_tolerance must be in [0, 1], got {self.repaint_tolerance}")
+            raise RealsimError(
+                f"repaint_tolerance must be in [0, 1], got {self.repaint_tolerance}")
         if self.repaint_acceptance not in ("fitted", "painted"):
             raise RealsimError("repaint_acceptance must be 'fitted' or 'painted', got "
                                f"{self.repaint_acceptance!r}")
@@ -1059,6 +1060,7 @@ class CalibrationSession:
         self._build_optimisers()
         self.accepted = dict(self.params)
         self._painted_score = None      # (accepted dict, its painted held-out L1)
+        self._painted_best = math.nan   # lowest painted score accepted (this scene)
         self._in_repaint_scene = False  # the repaint passes' planes drawn (run())
 
     # ------------------------------------------------------------------ optimisers
@@ -1721,8 +1723,8 @@ class CalibrationSession:
         `label` names the estimate in `metrics.judgements`. `painted`: compare
         `painted_holdout_residual`s instead (the fitted L1 must stay at or below the
         start's). `tolerance` > 0 (the repaint passes' `repaint_tolerance`): accept a
-        score up to (1 + tolerance) x the lowest fitted held-out L1 accepted so far in
-        this scene (the accepted painted score when `painted`), as long as the fitted L1
+        score up to (1 + tolerance) x the lowest one accepted so far in this scene
+        (`metrics.holdout_l1_best`; painted scores when `painted`), as long as the fitted L1
         stays at or below the start's, so a run still never ends worse than its start and
         a chain of tolerated passes cannot drift up from the best one.
         """
@@ -1736,8 +1738,11 @@ class CalibrationSession:
         res = self.holdout_residual(self.params)
         if painted:
             score = self.painted_holdout_residual(self.params)
+            best = float(np.fmin(self._painted_best, self._accepted_painted_score()))
             ok = bool(np.isfinite(res) and res <= m.holdout_l1_start and np.isfinite(score)
-                      and score <= self._accepted_painted_score() * (1.0 + tolerance))
+                      and score <= best * (1.0 + tolerance))
+            if ok:
+                self._painted_best = min(best, score)
         elif tolerance > 0:
             score = res
             best = float(np.fmin(m.holdout_l1_best, m.holdout_l1))
@@ -1873,6 +1878,7 @@ class CalibrationSession:
                       ", ".join(chosen) or "no camera")
         self._set_static(static)
         self._in_repaint_scene = True
+        self._painted_best = math.nan
         m = self.metrics
         m.holdout_l1 = m.holdout_l1_best = self.holdout_residual(self.accepted)
         m.holdout_l1_start = self.holdout_residual(self._start_params)
