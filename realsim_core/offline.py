@@ -51,6 +51,11 @@ class OfflineOptions:
     repaint_min_gain: float = 0.005   # CalibrationConfig.repaint_min_gain: no further pass
                                       # after one that lowered the held-out L1 by < 0.5 %
                                       # (docs/calibration.md "Session 28")
+    repaint_tolerance: float = 0.005  # CalibrationConfig.repaint_tolerance: a repaint pass
+                                      # within 0.5 % of the best accepted held-out L1 is
+                                      # accepted (docs/calibration.md "Session 40": the
+                                      # strict test rejected passes that were closer to the
+                                      # truth; the engine's default is 0)
     repaint_plane_lod_bias: float = -1.0  # CalibrationConfig.repaint_plane_lod_bias: the
                                       # planes one mip level sharper in the repaint passes
     repaint_lod_bias_exclude: str = "main_painter"  # ... for every camera but the one
@@ -197,6 +202,7 @@ def calibration_config(opts: OfflineOptions):
                         plane_edges=opts.plane_edges, textured_start=opts.textured_start,
                         repaint_passes=opts.repaint_passes,
                         repaint_min_gain=opts.repaint_min_gain,
+                        repaint_tolerance=opts.repaint_tolerance,
                         painted_warmup_steps=opts.painted_warmup_steps,
                         repaint_plane_lod_bias=opts.repaint_plane_lod_bias,
                         repaint_lod_bias_exclude=opts.repaint_lod_bias_exclude,

@@ -93,12 +93,16 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     assert sum(not j["accepted"] for j in judged) == m["rejected"]
     accepted_l1 = [j["holdout_l1"] for j in judged if j["accepted"]]
     assert m["holdout_l1"] == (accepted_l1[-1] if accepted_l1 else m["holdout_l1_start"])
+    # the offline default tolerates a repaint pass within 0.5 % of the best accepted L1
+    assert m["config"]["repaint_tolerance"] == 0.005
+    assert m["holdout_l1_best"] <= m["holdout_l1"] <= 1.005 * m["holdout_l1_best"]
     assert f"repaint 1 {judged[1]['holdout_l1']:.4f}" in res.stdout
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 + 4  # loss curve + one row per camera
     assert "Geometry check" in html and html.count("<tr><td>cam_") >= 4
     assert "Acceptance tests" in html and html.count("<tr><td>repaint ") == len(judged) - 1
     assert ("repaint pass(es) not run" in html) == (m["repaints_skipped"] > 0)
+    assert "within 0.5 % of the lowest one accepted so far (repaint_tolerance)" in html
 
 
 def test_calibrate_says_which_repaint_passes_it_skipped(tmp_path):
