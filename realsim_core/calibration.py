@@ -1715,7 +1715,7 @@ class CalibrationSession:
 
     def try_accept(self, label: str = "", painted: bool = False,
                    tolerance: float = 0.0) -> bool:
-        """Accept the current parameters iff the held-out L1 did not get worse.
+        """Accept the current parameters iff the held-out L1 did not get worse (see tolerance).
 
         First (`camera_guard`), a camera whose rendered silhouette fits the image edges
         better at its accepted pose keeps that pose. Otherwise roll back to the accepted

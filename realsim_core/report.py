@@ -121,13 +121,14 @@ def write_report(path: str | Path, session, start_params, metrics: dict) -> None
                   "discarded.</p>",
                   "<table><tr><th>estimate</th><th>step</th><th>held-out L1</th>"
                   "<th>colours</th><th>verdict</th></tr>", cells, "</table>"]
-        tol = metrics.get("config", {}).get("repaint_tolerance", 0.0)
+        cfg = metrics.get("config", {})
+        tol = cfg.get("repaint_tolerance", 0.0)
         if tol:
             parts.append(f"<p>A repaint pass is accepted when its held-out score is within "
                          f"{100 * tol:g} % of the lowest one accepted so far "
                          "(repaint_tolerance), its fitted L1 never above the start's.</p>")
         if metrics.get("repaints_skipped"):
-            gain = metrics.get("config", {}).get("repaint_min_gain", 0.0)
+            gain = cfg.get("repaint_min_gain", 0.0)
             parts.append(f"<p>{metrics['repaints_skipped']} repaint pass(es) not run: the "
                          f"last pass lowered the held-out L1 by less than {100 * gain:g} % "
                          "(repaint_min_gain).</p>")
