@@ -1509,15 +1509,15 @@ class CalibrationSession:
     def _build_eval_fn(self, level: int):
         return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
 
-    def _init_views(self, max_frames: int, params=None, train_only: bool = False):
-        """Frames for colour initialisation and their poses at `params` (default current).
+    def _init_views(self, max_frames: int, params=None):
+        """Frames to paint from and their poses at `params` (default current).
 
-        The first `max_frames` buffered frames (training frames only with `train_only`)
-        -> (idx [B], body poses [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level);
-        None when no frame is buffered.
+        The first `max_frames` buffered training frames -> (idx [B], body poses
+        [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level); None when no training
+        frame is buffered. Held-out frames are never painted from: their images would
+        enter the colours that the held-out test scores against them.
         """
-        mask = self.bufs.train if train_only else self.bufs.train | self.bufs.holdout
-        idx = np.flatnonzero(np.asarray(mask))[:max_frames]
+        idx = np.flatnonzero(np.asarray(self.bufs.train))[:max_frames]
         if idx.size == 0:
             return None
         p = self.params if params is None else params
@@ -1576,18 +1576,18 @@ class CalibrationSession:
         out[have] = _logit(med[have])
         return jnp.asarray(out.reshape(np.shape(logits)), jnp.float32)
 
-    def painted_params(self, params=None, max_frames: int = 8, train_only: bool = False,
+    def painted_params(self, params=None, max_frames: int = 8,
                        plane_samples: np.ndarray | None = None):
         """`params` (default current) with colours and plane textures painted at its poses.
 
         Each Gaussian gets the median of its projections into the first `max_frames`
-        buffered frames (`_median_colours`; training frames only with `train_only`), each
-        plane texel the median of its pixels (`_painted_plane_logits`, which adds each
-        camera's count of texel pixels to `plane_samples`); what is seen nowhere keeps its
-        colour. Returns a new dict; the session is not touched.
+        buffered training frames (`_median_colours`), each plane texel the median of its
+        pixels (`_painted_plane_logits`, which adds each camera's count of texel pixels to
+        `plane_samples`); what is seen nowhere keeps its colour. Returns a new dict; the
+        session is not touched.
         """
         p = self.params if params is None else params
-        views = self._init_views(max_frames, p, train_only)
+        views = self._init_views(max_frames, p)
         if views is None:
             return dict(p)
         idx, bodies, cams, level = views
@@ -1603,13 +1603,13 @@ class CalibrationSession:
         return out
 
     def init_colours_from_frames(self, max_frames: int = 8) -> None:
-        """Initialise Gaussian colours (and plane textures) from the images.
+        """Initialise Gaussian colours (and plane textures) from the training frames.
 
         `painted_params` at the current estimate, with fresh colour moments; each camera's
         share of the plane texels' paint goes to `metrics.plane_paint_share`.
         """
-        if not np.any(np.asarray(self.bufs.train | self.bufs.holdout)):
-            return                      # nothing buffered to paint from
+        if not np.any(np.asarray(self.bufs.train)):
+            return                      # no training frame to paint from
         samples = np.zeros(len(self.cameras), np.int64)
         self.params = self.painted_params(self.params, max_frames, plane_samples=samples)
         self._colour_state = self._colour_opt.init(self.params)
@@ -1622,7 +1622,7 @@ class CalibrationSession:
                                               for c, n in zip(self.cameras, samples)}
 
     def init_plane_textures(self, max_frames: int = 8) -> None:
-        """Paint the plane textures from the images at the current estimate."""
+        """Paint the plane textures from the training frames at the current estimate."""
         views = self._init_views(max_frames)
         if views is not None and self.static.planes is not None:
             idx, _, cams, level = views
@@ -1678,8 +1678,7 @@ class CalibrationSession:
         match the held-out views. No colour fit can lower it.
         """
         p = self.params if params is None else params
-        return self.holdout_residual(self.painted_params(p, PAINTED_JUDGE_FRAMES,
-                                                         train_only=True))
+        return self.holdout_residual(self.painted_params(p, PAINTED_JUDGE_FRAMES))
 
     def start(self, levels=None) -> float:
         """Initialise colours (if configured) and the held-out baseline; returns it.

@@ -940,21 +940,47 @@ def test_painted_params_paints_at_the_given_poses_without_touching_the_session(
     _reset_with_holdout(s, truth, qs)
     moved = dict(truth, fixed_deltas=truth["fixed_deltas"] + 0.01)
     before = {k: np.asarray(v).copy() for k, v in s.params.items()}
-    painted = s.painted_params(moved, train_only=True)
+    painted = s.painted_params(moved)
     for k, v in s.params.items():                       # the session is not touched
         np.testing.assert_array_equal(np.asarray(v), before[k])
     np.testing.assert_array_equal(np.asarray(painted["fixed_deltas"]),
                                   np.asarray(moved["fixed_deltas"]))
     changed = np.any(np.asarray(painted["color_logits"]) != before["color_logits"], axis=-1)
     assert changed.mean() > 0.3                          # most Gaussians got an image colour
-    # init_colours_from_frames is painted_params at the current estimate, all frames
+    # init_colours_from_frames is painted_params at the current estimate
     s.params = dict(moved)
     s.init_colours_from_frames()
     np.testing.assert_array_equal(np.asarray(s.params["color_logits"]),
-                                  np.asarray(s.painted_params(moved)["color_logits"]))
-    # the held-out frame is used only when asked for: its colours differ from train-only
-    assert not np.array_equal(np.asarray(s.params["color_logits"]),
-                              np.asarray(painted["color_logits"]))
+                                  np.asarray(painted["color_logits"]))
+
+
+def test_painting_never_reads_the_held_out_frames(setup, restore_appearance):
+    """The held-out test scores colours painted from the training frames only.
+
+    The held-out frame sits among the first (painted) frames; its images are replaced by
+    their negative: the paint must not change, while the same frame buffered for training
+    does change it (so the frame is within reach of the painting).
+    """
+    rig, s, qs = setup
+    truth = _fresh(s)
+    moved = dict(truth, fixed_deltas=truth["fixed_deltas"] + 0.01)
+    n = 4                                                   # < the 8 painted frames
+
+    def paint(holdout, negative):
+        _reset(s, truth, qs[:n - 1])
+        (imgs,) = _render_targets(s, truth, qs[n - 1:n])
+        if negative:
+            imgs = {c: 255 - im for c, im in imgs.items()}
+        s.add_frame(imgs, qs[n - 1], holdout=holdout)
+        s.params = dict(moved)
+        s.init_colours_from_frames()
+        return np.asarray(s.params["color_logits"])
+
+    held = paint(True, False)
+    np.testing.assert_array_equal(held, paint(True, True))
+    trained = paint(False, False)
+    assert not np.array_equal(trained, paint(False, True))
+    assert not np.array_equal(held, trained)
 
 
 def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, restore_appearance):
@@ -982,7 +1008,7 @@ def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, resto
     # colours gone astray wherever the training frames see the Gaussian (the ones
     # seen nowhere keep their colour in a painting)
     true_logits = np.asarray(truth["color_logits"])
-    seen = np.any(np.asarray(s.painted_params(truth, C.PAINTED_JUDGE_FRAMES, True)
+    seen = np.any(np.asarray(s.painted_params(truth, C.PAINTED_JUDGE_FRAMES)
                              ["color_logits"]) != true_logits, axis=-1)
     assert seen.mean() > 0.3
     inverted = np.where(seen[..., None], -true_logits, true_logits)    # 1 - colour
