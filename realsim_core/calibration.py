@@ -153,6 +153,10 @@ class CalibrationConfig:
     repaint_lod_bias_exclude: str = "none"       # "main_painter": not for the camera with
                                                  # the largest share of the planes' paint
                                                  # (Metrics.plane_paint_share; "Session 39")
+    paint_frames: str = "first"                  # which training frames every painting
+                                                 # reads: the "first" buffered ones, or
+                                                 # "spread" evenly over their stamps
+                                                 # (docs/calibration.md "Session 42")
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -271,6 +275,9 @@ class CalibrationConfig:
         if self.repaint_lod_bias_exclude not in ("none", "main_painter"):
             raise RealsimError("repaint_lod_bias_exclude must be 'none' or 'main_painter', "
                                f"got {self.repaint_lod_bias_exclude!r}")
+        if self.paint_frames not in ("first", "spread"):
+            raise RealsimError(
+                f"paint_frames must be 'first' or 'spread', got {self.paint_frames!r}")
         if not 0.0 <= self.repaint_tolerance <= 1.0:     # NaN fails too
             raise RealsimError(
                 f"repaint_tolerance must be in [0, 1], got {self.repaint_tolerance}")
@@ -1512,14 +1519,23 @@ class CalibrationSession:
     def _init_views(self, max_frames: int, params=None):
         """Frames to paint from and their poses at `params` (default current).
 
-        The first `max_frames` buffered training frames -> (idx [B], body poses
+        Up to `max_frames` buffered training frames -> (idx [B], body poses
         [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level); None when no training
-        frame is buffered. Held-out frames are never painted from: their images would
-        enter the colours that the held-out test scores against them.
+        frame is buffered. `cfg.paint_frames`: "first" takes the first buffer slots,
+        "spread" takes frames evenly spaced over the training frames in stamp order, so
+        the paint sees the whole motion rather than its first seconds. Held-out frames are
+        never painted from: their images would enter the colours that the held-out test
+        scores against them.
         """
-        idx = np.flatnonzero(np.asarray(self.bufs.train))[:max_frames]
+        idx = np.flatnonzero(np.asarray(self.bufs.train))
         if idx.size == 0:
             return None
+        if self.cfg.paint_frames == "spread" and idx.size > max_frames:
+            idx = idx[np.argsort(np.asarray(self.stamps)[idx], kind="stable")]
+            idx = np.sort(idx[np.unique(np.linspace(0, idx.size - 1, max_frames)
+                                        .round().astype(int))])
+        else:
+            idx = idx[:max_frames]
         p = self.params if params is None else params
         poses = kinematics.forward_batch_jit(self.static.km, self.bufs.q[idx],
                                              p["joint_offsets"], p["corrections"][idx],

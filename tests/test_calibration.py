@@ -983,6 +983,48 @@ def test_painting_never_reads_the_held_out_frames(setup, restore_appearance):
     assert not np.array_equal(held, trained)
 
 
+def test_spread_painting_reads_frames_spread_over_the_stamps(setup, restore_appearance):
+    """`paint_frames: spread` paints from frames evenly spaced in stamp order.
+
+    Four training frames whose buffer slots are not in stamp order (stamps 30, 10, 40, 20),
+    two painted: "spread" reads the earliest and the latest stamp (slots 1 and 2), "first"
+    the first two slots. A frame is read when its images replaced by their negative change
+    the paint.
+    """
+    rig, s, qs = setup
+    truth = _fresh(s)
+    moved = dict(truth, fixed_deltas=truth["fixed_deltas"] + 0.01)
+    images = _render_targets(s, truth, qs)
+    stamps = [30, 10, 40, 20]
+
+    def paint(choice, negative=None):
+        _reset(s, truth, [])
+        s.cfg = s.cfg.replace(paint_frames=choice)
+        for k, (q, imgs) in enumerate(zip(qs, images)):
+            if k == negative:
+                imgs = {c: 255 - im for c, im in imgs.items()}
+            s.add_frame(imgs, q, stamp_ns=stamps[k], holdout=False)
+        s.params = dict(moved)
+        s.init_colours_from_frames(max_frames=2)
+        return np.asarray(s.params["color_logits"])
+
+    for choice, read in (("spread", {1, 2}), ("first", {0, 1})):
+        base = paint(choice)
+        for k in range(len(qs)):
+            changed = not np.array_equal(base, paint(choice, negative=k))
+            assert changed == (k in read), (choice, k)
+    # with no more training frames than are painted, both read them all
+    _reset(s, truth, qs)
+    s.cfg = s.cfg.replace(paint_frames="spread")
+    s.params = dict(moved)
+    s.init_colours_from_frames(max_frames=len(qs))
+    spread = np.asarray(s.params["color_logits"])
+    s.cfg = s.cfg.replace(paint_frames="first")
+    s.params = dict(moved)
+    s.init_colours_from_frames(max_frames=len(qs))
+    np.testing.assert_array_equal(spread, np.asarray(s.params["color_logits"]))
+
+
 def test_painted_acceptance_judges_the_poses_not_the_fitted_colours(setup, restore_appearance):
     """A painted test accepts true poses whose colours went astray; the fitted one does not.
 
@@ -1203,6 +1245,7 @@ def test_config_overrides_read_each_field_as_its_type():
                      (("repaint_plane_lod_bias", "8.5"), "repaint_plane_lod_bias must be"),
                      (("repaint_lod_bias_exclude", "cam_high"),
                       "repaint_lod_bias_exclude must be 'none' or 'main_painter'"),
+                     (("paint_frames", "last"), "paint_frames must be 'first' or 'spread'"),
                      (("levels", "8,4,2,1"), "cycles_per_level needs one entry per level")]:
         with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
             C.CalibrationConfig().with_overrides([bad])
