@@ -1316,7 +1316,9 @@ class CalibrationSession:
                   stamp_ns: int = 0, holdout: bool | None = None) -> int:
         """Add one frame set: images {camera: uint8 [H, W, 3]}, joints [J] (rig order).
 
-        Returns the slot used. When the buffer is full the oldest training frame is replaced.
+        Returns the slot used. When the buffer is full a slot drawn at random (training or
+        held out) is replaced: the buffer keeps older frames with a chance that falls
+        off with their age rather than only the last seconds.
         """
         joints = np.asarray(joints, np.float64)
         J = len(self.static.km.joint_names)
