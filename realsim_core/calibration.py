@@ -157,6 +157,7 @@ class CalibrationConfig:
                                                  # reads: the "first" buffered ones, or
                                                  # "spread" evenly over their stamps
                                                  # (docs/calibration.md "Session 42")
+    paint_frame_count: int = 8                   # how many (the painted judge: 16)
     plane_edges: str = "hard"                    # textured planes' outlines: "hard" (inside
                                                  # test, no pose gradient), "soft" (anti-
                                                  # aliased, differentiable), "textured" (soft
@@ -275,6 +276,8 @@ class CalibrationConfig:
         if self.repaint_lod_bias_exclude not in ("none", "main_painter"):
             raise RealsimError("repaint_lod_bias_exclude must be 'none' or 'main_painter', "
                                f"got {self.repaint_lod_bias_exclude!r}")
+        if self.paint_frame_count < 1:
+            raise RealsimError(f"paint_frame_count must be >= 1, got {self.paint_frame_count}")
         if self.paint_frames not in ("first", "spread"):
             raise RealsimError(
                 f"paint_frames must be 'first' or 'spread', got {self.paint_frames!r}")
@@ -1518,20 +1521,21 @@ class CalibrationSession:
     def _build_eval_fn(self, level: int):
         return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
 
-    def _init_views(self, max_frames: int, params=None):
+    def _init_views(self, max_frames: int | None, params=None):
         """Frames to paint from and their poses at `params` (default current).
 
-        Up to `max_frames` buffered training frames -> (idx [B], body poses
-        [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level); None when no training
-        frame is buffered. `cfg.paint_frames`: "first" takes the first buffer slots,
-        "spread" takes frames evenly spaced over the training frames in stamp order, so
-        the paint sees the whole motion rather than its first seconds. Held-out frames are
-        never painted from: their images would enter the colours that the held-out test
-        scores against them.
+        Up to `max_frames` (None: `cfg.paint_frame_count`) buffered training frames ->
+        (idx [B], body poses [B, nbody, 4, 4], camera poses [B, C, 4, 4] float64, level);
+        None when no training frame is buffered. `cfg.paint_frames`: "first" takes the
+        first buffer slots, "spread" frames evenly spaced over the training frames in stamp
+        order, so the paint sees the whole motion rather than its first seconds. Held-out
+        frames are never painted from: their images would enter the colours that the
+        held-out test scores against them.
         """
         idx = np.flatnonzero(np.asarray(self.bufs.train))
         if idx.size == 0:
             return None
+        max_frames = self.cfg.paint_frame_count if max_frames is None else max_frames
         if self.cfg.paint_frames == "spread" and idx.size > max_frames:
             idx = idx[np.argsort(np.asarray(self.stamps)[idx], kind="stable")]
             idx = np.sort(idx[np.unique(np.linspace(0, idx.size - 1, max_frames)
@@ -1594,12 +1598,12 @@ class CalibrationSession:
         out[have] = _logit(med[have])
         return jnp.asarray(out.reshape(np.shape(logits)), jnp.float32)
 
-    def painted_params(self, params=None, max_frames: int = 8,
+    def painted_params(self, params=None, max_frames: int | None = None,
                        plane_samples: np.ndarray | None = None):
         """`params` (default current) with colours and plane textures painted at its poses.
 
-        Each Gaussian gets the median of its projections into the first `max_frames`
-        buffered training frames (`_median_colours`), each plane texel the median of its
+        Each Gaussian gets the median of its projections into up to `max_frames` training
+        frames (`_init_views` picks them; `_median_colours`), each plane texel the median of its
         pixels (`_painted_plane_logits`, which adds each camera's count of texel pixels to
         `plane_samples`); what is seen nowhere keeps its colour. Returns a new dict; the
         session is not touched.
@@ -1620,7 +1624,7 @@ class CalibrationSession:
                                                              level, plane_samples)
         return out
 
-    def init_colours_from_frames(self, max_frames: int = 8) -> None:
+    def init_colours_from_frames(self, max_frames: int | None = None) -> None:
         """Initialise Gaussian colours (and plane textures) from the training frames.
 
         `painted_params` at the current estimate, with fresh colour moments; each camera's
@@ -1639,7 +1643,7 @@ class CalibrationSession:
             self.metrics.plane_paint_share = {c: float(n) / total
                                               for c, n in zip(self.cameras, samples)}
 
-    def init_plane_textures(self, max_frames: int = 8) -> None:
+    def init_plane_textures(self, max_frames: int | None = None) -> None:
         """Paint the plane textures from the training frames at the current estimate."""
         views = self._init_views(max_frames)
         if views is not None and self.static.planes is not None:
@@ -1690,7 +1694,7 @@ class CalibrationSession:
     def painted_holdout_residual(self, params=None) -> float:
         """Held-out L1 of `params`' poses with colours painted from the training frames.
 
-        The colours are the median paint of the first `PAINTED_JUDGE_FRAMES` training
+        The colours are the median paint of `PAINTED_JUDGE_FRAMES` training
         frames at these poses (`painted_params`), not fitted ones: poses that put each
         surface point on the same colour in every training view paint colours that also
         match the held-out views. No colour fit can lower it.

@@ -987,9 +987,9 @@ def test_spread_painting_reads_frames_spread_over_the_stamps(setup, restore_appe
     """`paint_frames: spread` paints from frames evenly spaced in stamp order.
 
     Four training frames whose buffer slots are not in stamp order (stamps 30, 10, 40, 20),
-    two painted: "spread" reads the earliest and the latest stamp (slots 1 and 2), "first"
-    the first two slots. A frame is read when its images replaced by their negative change
-    the paint.
+    two painted (`paint_frame_count`): "spread" reads the earliest and the latest stamp
+    (slots 1 and 2), "first" the first two slots. A frame is read when its images replaced
+    by their negative change the paint.
     """
     rig, s, qs = setup
     truth = _fresh(s)
@@ -999,13 +999,13 @@ def test_spread_painting_reads_frames_spread_over_the_stamps(setup, restore_appe
 
     def paint(choice, negative=None):
         _reset(s, truth, [])
-        s.cfg = s.cfg.replace(paint_frames=choice)
+        s.cfg = s.cfg.replace(paint_frames=choice, paint_frame_count=2)
         for k, (q, imgs) in enumerate(zip(qs, images)):
             if k == negative:
                 imgs = {c: 255 - im for c, im in imgs.items()}
             s.add_frame(imgs, q, stamp_ns=stamps[k], holdout=False)
         s.params = dict(moved)
-        s.init_colours_from_frames(max_frames=2)
+        s.init_colours_from_frames()
         return np.asarray(s.params["color_logits"])
 
     for choice, read in (("spread", {1, 2}), ("first", {0, 1})):
@@ -1246,6 +1246,7 @@ def test_config_overrides_read_each_field_as_its_type():
                      (("repaint_lod_bias_exclude", "cam_high"),
                       "repaint_lod_bias_exclude must be 'none' or 'main_painter'"),
                      (("paint_frames", "last"), "paint_frames must be 'first' or 'spread'"),
+                     (("paint_frame_count", "0"), "paint_frame_count must be >= 1"),
                      (("levels", "8,4,2,1"), "cycles_per_level needs one entry per level")]:
         with pytest.raises(C.RealsimError, match=msg.replace("?", r"\?")):
             C.CalibrationConfig().with_overrides([bad])
