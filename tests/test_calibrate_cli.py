@@ -60,6 +60,7 @@ def test_calibrate_writes_contract_outputs(tmp_path):
     # every camera but the one that paints most of them (cam_high sees the table top)
     assert m["config"]["repaint_plane_lod_bias"] == -1.0
     assert m["config"]["repaint_lod_bias_exclude"] == "main_painter"
+    assert m["config"]["paint_frames"] == "spread"        # the offline default
     share = m["plane_paint_share"]
     assert set(share) == set(cal.cameras) and abs(sum(share.values()) - 1.0) < 1e-9
     assert max(share, key=share.get) == "cam_high"
