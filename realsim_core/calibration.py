@@ -511,6 +511,14 @@ class Metrics:
 # training frames painted for `CalibrationSession.painted_holdout_residual`
 PAINTED_JUDGE_FRAMES = 16
 
+
+def _evenly_spaced(items: np.ndarray, k: int) -> np.ndarray:
+    """Up to `k` entries of `items`, evenly spaced from the first to the last."""
+    if len(items) == 0:
+        return items
+    return items[np.unique(np.linspace(0, len(items) - 1, min(k, len(items)))
+                           .round().astype(int))]
+
 # the online node tests an estimate every few seconds for as long as it runs: its metrics
 # keep the latest this many acceptance tests
 MAX_HISTORY = 10000
@@ -1538,8 +1546,7 @@ class CalibrationSession:
         max_frames = self.cfg.paint_frame_count if max_frames is None else max_frames
         if self.cfg.paint_frames == "spread" and idx.size > max_frames:
             idx = idx[np.argsort(np.asarray(self.stamps)[idx], kind="stable")]
-            idx = np.sort(idx[np.unique(np.linspace(0, idx.size - 1, max_frames)
-                                        .round().astype(int))])
+            idx = np.sort(_evenly_spaced(idx, max_frames))
         else:
             idx = idx[:max_frames]
         p = self.params if params is None else params
@@ -2062,8 +2069,7 @@ class CalibrationSession:
         # where each camera's pixels start and end in a frame's residual vector
         bounds = np.cumsum([0] + [3 * it.height * it.width for it in static.intrinsics[level]])
         train = np.flatnonzero(np.asarray(self.bufs.train))
-        train = train[np.unique(np.linspace(0, len(train) - 1, min(max_frames, len(train)))
-                                .round().astype(int))] if len(train) else train
+        train = _evenly_spaced(train, max_frames)
         valid = np.asarray(self.bufs.valid)
         jtj = np.zeros((P, P))
         grads = []          # J_i^T r_i of every image i (frame x camera)
