@@ -615,18 +615,28 @@ def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]
     return list(groups.items())
 
 
-def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = False):
+def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = False,
+                 lin: kinematics.BodyLinearization | None = None):
     """Render every camera of frames q [B, J] -> list over cameras of rgb [B, H, W, 3].
 
     alpha: also return the Gaussians' coverage (the rig geometry's silhouette, planes
     excluded) and their composited optical-frame depth (m, divided by the coverage) per
     camera [B, H, W]: (rgbs, alphas, depths).
+    lin: the body poses at q + joint offsets + corr and their Jacobians
+    (`kinematics.linearize_bodies`, computed outside): the function then holds no
+    kinematics; values and gradients are the same.
     """
-    # the jitted form even inside a traced function: its trace (MJX's kinematics, ~44 % of
-    # a pose step's equations) is then made once and reused by every step function with
-    # the same frame count; XLA inlines the call, so the executable is the same
-    poses = kinematics.forward_batch_jit(static.km, q, params["joint_offsets"], corr,
-                                         params["fixed_deltas"], params["mounted_deltas"])
+    if lin is None:
+        # the jitted form even inside a traced function: its trace (MJX's kinematics) is
+        # then made once and reused by every function with the same frame count; XLA
+        # inlines the call, so the executable is the same
+        poses = kinematics.forward_batch_jit(static.km, q, params["joint_offsets"], corr,
+                                             params["fixed_deltas"], params["mounted_deltas"])
+    else:
+        dq = params["joint_offsets"][None, :] + corr          # [B, J]; q is constant
+        bodies = kinematics.linearized_bodies(lin, dq - jax.lax.stop_gradient(dq))
+        poses = jax.vmap(kinematics.assemble, in_axes=(None, 0, None, None))(
+            static.km, bodies, params["fixed_deltas"], params["mounted_deltas"])
     means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss, poses.bodies)
     colors, opac = _colours(params, static, level)
     packed = None
@@ -732,14 +742,15 @@ def _planes_at_level(static: _Static, level: int) -> Planes | None:
 
 
 def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda,
-                 pose=False):
+                 pose=False, lin: kinematics.BodyLinearization | None = None):
     """Weighted photometric loss over frames `idx` [B] and all cameras.
 
     `pose` (bool, may be traced) picks the camera weights: `cam_weight` for pose steps
     (the paper's wrist 0.1 / fixed 1.0), `colour_weight` for colour steps and held-out
-    scores (every view paints the shared appearance).
+    scores (every view paints the shared appearance). `lin`: see `render_batch`.
     """
-    renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level)
+    renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level,
+                           lin=lin)
     weights = jnp.where(pose, static.cam_weight, static.colour_weight)
     total = 0.0
     wsum = 0.0
@@ -879,17 +890,25 @@ class _StepPair:
     """A level's colour step and pose step behind one call: `pose` picks which runs.
 
     Both are `_Precompiled` with the same arguments, so `submit` / `cancel` reach both
-    (the colour step first: every level starts with colour steps).
+    (the colour step first: every level starts with colour steps). `lin` (shared by every
+    level) computes the batch's body poses and their Jacobians by the joints
+    (`kinematics.linearize_bodies`) before each step, which gets them as its last
+    argument: the steps hold no MJX kinematics of their own, which halves a pose step's
+    compilation (docs/calibration.md "Session 43").
     """
 
-    def __init__(self, colour: _Precompiled, pose: _Precompiled):
-        self.colour, self.pose = colour, pose
+    def __init__(self, colour: _Precompiled, pose: _Precompiled, lin: _Precompiled):
+        self.colour, self.pose, self.lin = colour, pose, lin
 
     def submit(self, executor: concurrent.futures.Executor, *args) -> None:
-        self.colour.submit(executor, *args)
-        self.pose.submit(executor, *args)
+        params, _, _, bufs, idx = args[:5]
+        self.lin.submit(executor, params, bufs, idx)
+        lin = jax.eval_shape(self.lin.jitted, params, bufs, idx)
+        self.colour.submit(executor, *args, lin)
+        self.pose.submit(executor, *args, lin)
 
     def cancel(self) -> None:
+        self.lin.cancel()
         self.colour.cancel()
         self.pose.cancel()
 
@@ -899,7 +918,8 @@ class _StepPair:
 
     def __call__(self, params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
         fn = self.pose if bool(pose) else self.colour
-        return fn(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale)
+        lin = self.lin(params, bufs, idx)
+        return fn(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale, lin)
 
 
 class _Precompiled:
@@ -1288,7 +1308,8 @@ class CalibrationSession:
 
         # both take the same arguments (`pose` selects between them, see _StepPair)
         @jax.jit
-        def pose_step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
+        def pose_step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale,
+                      lin):
             # the optimiser works on u: params with the mounted cameras' deltas as world
             # poses at the reference joints (_mounted_to_world), identical otherwise
             u = (_mounted_to_world(static.km, params, nominal["qbar"], chain) if world
@@ -1296,7 +1317,7 @@ class CalibrationSession:
 
             def loss(u_):
                 p = _mounted_from_world(static.km, u_, nominal["qbar"], chain) if world else u_
-                data = _photometric(static, p, bufs, idx, level, cfg.ssim_lambda, True)
+                data = _photometric(static, p, bufs, idx, level, cfg.ssim_lambda, True, lin)
                 return data + _prior(p, cfg, nominal) * cfg.level_prior_weight(level), data
 
             data, grads, finite = grads_of(loss, u, POSE_KEYS)
@@ -1309,9 +1330,10 @@ class CalibrationSession:
             return new_params, new_pose_state, colour_state, data, finite
 
         @jax.jit
-        def colour_step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale):
+        def colour_step(params, pose_state, colour_state, bufs, idx, nominal, pose, lr_scale,
+                        lin):
             def loss(p):        # poses untouched, bit for bit
-                data = _photometric(static, p, bufs, idx, level, 0.0, False)
+                data = _photometric(static, p, bufs, idx, level, 0.0, False, lin)
                 return data, data
 
             data, grads, finite = grads_of(loss, params, COLOUR_KEYS)
@@ -1319,7 +1341,8 @@ class CalibrationSession:
             return (optax.apply_updates(params, up), pose_state, new_colour_state, data,
                     finite)
 
-        self._steps[level] = _StepPair(_Precompiled(colour_step), _Precompiled(pose_step))
+        self._steps[level] = _StepPair(_Precompiled(colour_step), _Precompiled(pose_step),
+                                       self._lin_fn())
         return self._steps[level]
 
     # ------------------------------------------------------------------ frames
@@ -1522,6 +1545,16 @@ class CalibrationSession:
         if not reverted:
             return params, []
         return {**params, **{k: jnp.asarray(out[k], jnp.float32) for k in keys}}, reverted
+
+    def _lin_fn(self):
+        """(params, bufs, idx) -> the body poses of frames idx and their Jacobians."""
+        return self._cached("_lin_fn", -1, self._build_lin_fn)
+
+    def _build_lin_fn(self, level: int):
+        del level
+        km = self.static.km
+        return jax.jit(lambda p, b, i: kinematics.linearize_bodies(
+            km, b.q[i] + p["joint_offsets"][None, :] + p["corrections"][i]))
 
     def _eval_fn(self, level: int):
         return self._cached("_eval_fn", level, self._build_eval_fn)

@@ -158,6 +158,26 @@ def build_kinematic_model(rig: Rig, model: mujoco.MjModel) -> KinematicModel:
     )
 
 
+def body_poses(km: KinematicModel, q) -> jax.Array:
+    """World poses [nbody, 4, 4] of every body at rig joints q [J] (MJX kinematics)."""
+    mjx = _mjx()
+    qpos = km.qpos_base + km.joint_map @ q
+    m = km.mjx_model
+    d = mjx.make_data(m).replace(qpos=qpos.astype(km.qpos_base.dtype))
+    d = mjx.kinematics(m, d)
+    return make_pose(d.xmat.reshape(-1, 3, 3), d.xpos)
+
+
+def assemble(km: KinematicModel, bodies, fixed_deltas, mounted_deltas) -> RigPoses:
+    """`RigPoses` of one frame from its body poses [nbody, 4, 4] and the camera deltas."""
+    cams_fixed = km.fixed_nominal @ se3_exp(fixed_deltas)
+    cams_mounted = bodies[km.mounted_body] @ km.mounted_nominal @ se3_exp(mounted_deltas)
+    cams = jnp.concatenate([cams_fixed, cams_mounted], 0)[jnp.asarray(km.camera_perm, jnp.int32)]
+    tb = bodies[km.tcp_body]
+    tcp = tb[:, :3, 3] + jnp.einsum("aij,aj->ai", tb[:, :3, :3], km.tcp_offset)
+    return RigPoses(bodies, cams, tcp)
+
+
 def forward(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_deltas,
             mounted_deltas) -> RigPoses:
     """World poses of bodies, camera optical frames and TCPs for one frame (pure, jittable).
@@ -171,20 +191,8 @@ def forward(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_de
       mounted_deltas: [Cw, 6] se(3) deltas right-applied to mounted cameras' nominal.
 
     """
-    mjx = _mjx()
-
     q = jnp.asarray(q_measured) + joint_offsets + corrections
-    qpos = km.qpos_base + km.joint_map @ q
-    m = km.mjx_model
-    d = mjx.make_data(m).replace(qpos=qpos.astype(km.qpos_base.dtype))
-    d = mjx.kinematics(m, d)
-    bodies = make_pose(d.xmat.reshape(-1, 3, 3), d.xpos)
-    cams_fixed = km.fixed_nominal @ se3_exp(fixed_deltas)
-    cams_mounted = bodies[km.mounted_body] @ km.mounted_nominal @ se3_exp(mounted_deltas)
-    cams = jnp.concatenate([cams_fixed, cams_mounted], 0)[jnp.asarray(km.camera_perm, jnp.int32)]
-    tb = bodies[km.tcp_body]
-    tcp = tb[:, :3, 3] + jnp.einsum("aij,aj->ai", tb[:, :3, :3], km.tcp_offset)
-    return RigPoses(bodies, cams, tcp)
+    return assemble(km, body_poses(km, q), fixed_deltas, mounted_deltas)
 
 
 def forward_batch(km: KinematicModel, q_measured, joint_offsets, corrections, fixed_deltas,
@@ -196,6 +204,37 @@ def forward_batch(km: KinematicModel, q_measured, joint_offsets, corrections, fi
 
 forward_jit = jax.jit(forward)
 forward_batch_jit = jax.jit(forward_batch)
+
+
+class BodyLinearization(NamedTuple):
+    """Body poses of frames and their derivative by the joints, at one joint vector each."""
+
+    bodies: jax.Array  # [F, nbody, 4, 4] T_world_body at q
+    jac: jax.Array     # [F, nbody, 4, 4, J] d bodies / d q (rig joint order)
+
+
+@jax.jit
+def linearize_bodies(km: KinematicModel, q) -> BodyLinearization:
+    """Body poses at joints q [F, J] and their Jacobians (forward mode, J tangents).
+
+    With `linearized_bodies` a function that needs the body poses and their gradient
+    by the joints at q only (an optimiser step) holds no kinematics of its own: XLA
+    compiles MJX's kinematics and its derivative here, once, instead of inside every
+    step function (docs/calibration.md "Session 43").
+    """
+    def one(qf):
+        return body_poses(km, qf), jax.jacfwd(lambda x: body_poses(km, x))(qf)
+
+    return BodyLinearization(*jax.vmap(one)(q))
+
+
+def linearized_bodies(lin: BodyLinearization, dq) -> jax.Array:
+    """Body poses [F, nbody, 4, 4] at q + dq to first order, exact at dq = 0.
+
+    Pass dq = x - stop_gradient(x) (zero, with x's gradient): the values are `lin.bodies`
+    bit for bit and the gradient by x is that of the kinematics at q.
+    """
+    return lin.bodies + jnp.einsum("fnijk,fk->fnij", lin.jac, dq)
 
 
 def zero_params(km: KinematicModel) -> dict:

@@ -14,6 +14,8 @@ from realsim_core.kinematics import (
     build_kinematic_model,
     forward,
     forward_batch_jit,
+    linearize_bodies,
+    linearized_bodies,
     reference_forward,
     tcp_positions,
 )
@@ -114,6 +116,51 @@ def test_gradients_match_finite_differences(builtin):
     args = tuple(jnp.asarray(x[k], jnp.float32) for k in ("off", "fd", "md"))
     # float32 central differences: eps 1e-2 keeps truncation+roundoff ~1e-3 relative.
     check_grads(jax.jit(loss), args, order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
+
+
+def test_linearized_bodies_hold_forwards_values_and_the_c_jacobian(builtin):
+    """`linearize_bodies` against `forward` and C MuJoCo.
+
+    The poses of `forward`, d poses / d q from C MuJoCo (float64 central differences),
+    and through `linearized_bodies` the gradient of `forward`.
+    """
+    rig, model, km = builtin
+    rng = np.random.default_rng(3)
+    x = _random_inputs(km, rng, 2)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    q = f32(x["q"]) + f32(x["off"]) + f32(x["corr"])              # [2, J]
+    lin = linearize_bodies(km, q)
+    zeros = jnp.zeros_like(f32(x["off"]))
+    out = forward_batch_jit(km, q, zeros, jnp.zeros_like(q), f32(x["fd"]), f32(x["md"]))
+    np.testing.assert_allclose(lin.bodies, out.bodies, rtol=0, atol=1e-6)
+    # the Jacobian: every rig joint, by central differences of the float64 C reference
+    h = 1e-6
+    for f in range(2):
+        qf = np.asarray(q[f], np.float64)
+        for j in range(q.shape[1]):
+            dq = np.zeros_like(qf)
+            dq[j] = h
+            fd = (reference_forward(rig, model, qf + dq).bodies
+                  - reference_forward(rig, model, qf - dq).bodies) / (2 * h)
+            np.testing.assert_allclose(lin.jac[f, ..., j], fd, atol=2e-5,
+                                       err_msg=f"frame {f} joint {km.joint_names[j]}")
+    assert float(jnp.abs(lin.jac).max()) > 0.1   # the joints do move the bodies
+    # through the linearisation (zero step): forward's values and its gradient
+    w = f32(rng.normal(size=out.bodies.shape))
+    corr = f32(x["corr"])
+
+    def direct(off):
+        o = forward_batch_jit(km, f32(x["q"]), off, corr, f32(x["fd"]), f32(x["md"]))
+        return jnp.sum(o.bodies * w)
+
+    def via_lin(off):
+        dq = off[None, :] + corr
+        return jnp.sum(linearized_bodies(lin, dq - jax.lax.stop_gradient(dq)) * w)
+
+    off = f32(x["off"])
+    assert float(via_lin(off)) == pytest.approx(float(direct(off)), rel=1e-5)
+    np.testing.assert_allclose(jax.grad(via_lin)(off), jax.grad(direct)(off), rtol=1e-4,
+                               atol=1e-4 * float(jnp.abs(jax.grad(direct)(off)).max()))
 
 
 def test_foreign_mjcf_gym_aloha(gym_aloha_rig):
