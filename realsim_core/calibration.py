@@ -616,7 +616,7 @@ def _camera_groups(intrinsics: tuple) -> list[tuple[CameraIntrinsics, list[int]]
 
 
 def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = False,
-                 lin: kinematics.BodyLinearization | None = None):
+                 lin: kinematics.BodyLinearization | None = None, bodies=None):
     """Render every camera of frames q [B, J] -> list over cameras of rgb [B, H, W, 3].
 
     alpha: also return the Gaussians' coverage (the rig geometry's silhouette, planes
@@ -625,8 +625,16 @@ def render_batch(static: _Static, params, q, corr, level: int, alpha: bool = Fal
     lin: the body poses at q + joint offsets + corr and their Jacobians
     (`kinematics.linearize_bodies`, computed outside): the function then holds no
     kinematics; values and gradients are the same.
+    bodies: the body poses [B, nbody, 4, 4] at q + joint offsets + corr, computed outside
+    (`CalibrationSession._bodies`: C MuJoCo on the host) for a function that needs no
+    gradient by the joints; it then holds no kinematics either.
     """
-    if lin is None:
+    if lin is not None and bodies is not None:
+        raise ValueError("render_batch: pass lin or bodies, not both")
+    if bodies is not None:
+        poses = kinematics.assemble_batch(static.km, bodies, params["fixed_deltas"],
+                                          params["mounted_deltas"])
+    elif lin is None:
         # the jitted form even inside a traced function: its trace (MJX's kinematics) is
         # then made once and reused by every function with the same frame count; XLA
         # inlines the call, so the executable is the same
@@ -742,15 +750,15 @@ def _planes_at_level(static: _Static, level: int) -> Planes | None:
 
 
 def _photometric(static: _Static, params, bufs: Buffers, idx, level: int, ssim_lambda,
-                 pose=False, lin: kinematics.BodyLinearization | None = None):
+                 pose=False, lin: kinematics.BodyLinearization | None = None, bodies=None):
     """Weighted photometric loss over frames `idx` [B] and all cameras.
 
     `pose` (bool, may be traced) picks the camera weights: `cam_weight` for pose steps
     (the paper's wrist 0.1 / fixed 1.0), `colour_weight` for colour steps and held-out
-    scores (every view paints the shared appearance). `lin`: see `render_batch`.
+    scores (every view paints the shared appearance). `lin`, `bodies`: see `render_batch`.
     """
     renders = render_batch(static, params, bufs.q[idx], params["corrections"][idx], level,
-                           lin=lin)
+                           lin=lin, bodies=bodies)
     weights = jnp.where(pose, static.cam_weight, static.colour_weight)
     total = 0.0
     wsum = 0.0
@@ -1073,7 +1081,8 @@ class CalibrationSession:
         # the reference joints of the mounted cameras' world coordinates in pose steps (the
         # mean of the training frames buffered at start(); see _mounted_to_world)
         self.qbar = jnp.zeros(J, jnp.float32)
-        self._model = model             # the MuJoCo model (mounted_chain_joints)
+        self._model = model             # the MuJoCo model (mounted_chain_joints, _bodies)
+        self._layout = kinematics.joint_layout(rig, model)
         F = self.max_frames
         self.bufs = Buffers(
             images=tuple(tuple(jnp.zeros((F, it.height, it.width, 3), jnp.float32)
@@ -1184,7 +1193,9 @@ class CalibrationSession:
         idx = jnp.zeros(self.cfg.batch_frames, jnp.int32)
         step_args = (self.params, self._pose_state, self._colour_state, self.bufs, idx,
                      {**self.nominal, "qbar": self.qbar}, jnp.asarray(True), jnp.float32(1.0))
-        one = (self.params, self.bufs, jnp.zeros(1, jnp.int32))
+        nbody = len(self.static.km.body_names)
+        one = (self.params, self.bufs, jnp.zeros(1, jnp.int32),
+               jnp.zeros((1, nbody, 4, 4), jnp.float32))
         last = len(self.cfg.levels) - 1
         jobs = [(self._eval_fn(last), one)]            # start() scores the start with it
         jobs += [(self._step_fn(li), step_args) for li in levels]
@@ -1211,7 +1222,8 @@ class CalibrationSession:
                 * np.asarray(self.bufs.train | self.bufs.holdout)[:, None])
         if not used.any():
             return tuple(0 for _ in self.cfg.levels)
-        counts = np.asarray(self._pair_count_fn()(params, self.bufs.q))     # [L, F, C]
+        bodies = self._bodies(params, np.arange(self.max_frames))
+        counts = np.asarray(self._pair_count_fn()(params, bodies))          # [L, F, C]
         return tuple(int(np.max(np.where(used > 0, c, 0))) for c in counts)
 
     def _pair_count_fn(self):
@@ -1219,10 +1231,9 @@ class CalibrationSession:
             static = self.static
 
             @jax.jit
-            def fn(params, q):
-                poses = kinematics.forward_batch(static.km, q, params["joint_offsets"],
-                                                 params["corrections"],
-                                                 params["fixed_deltas"], params["mounted_deltas"])
+            def fn(params, bodies):
+                poses = kinematics.assemble_batch(static.km, bodies, params["fixed_deltas"],
+                                                  params["mounted_deltas"])
                 means, quats = jax.vmap(world_gaussians, in_axes=(None, 0))(static.gauss,
                                                                           poses.bodies)
                 out = []
@@ -1424,9 +1435,12 @@ class CalibrationSession:
                  [:it.height, :it.width] if ok else jnp.zeros((it.height, it.width, 3)))
             targets.append(x)
             valid.append(ok)
-        res = np.asarray(self._residual_fn(level)(
-            self.accepted if params is None else params,
-            jnp.asarray(joints, jnp.float32), tuple(targets)))
+        params = self.accepted if params is None else params
+        q = (np.asarray(joints, np.float32) + np.asarray(params["joint_offsets"]))[None]
+        bodies = jnp.asarray(kinematics.reference_body_poses(self._model, self._layout, q),
+                             jnp.float32)
+        res = np.asarray(self._residual_fn(level)(params, jnp.asarray(joints, jnp.float32),
+                                                  bodies, tuple(targets)))
         return {c: float(r) for c, r, v in zip(self.cameras, res, valid) if v}
 
     def _residual_fn(self, level: int):
@@ -1436,9 +1450,10 @@ class CalibrationSession:
         static = self.static
 
         @jax.jit
-        def fn(params, q, targets):
+        def fn(params, q, bodies, targets):
             renders = render_batch(static, params, q[None],
-                                   jnp.zeros((1, q.shape[0]), jnp.float32), level)
+                                   jnp.zeros((1, q.shape[0]), jnp.float32), level,
+                                   bodies=bodies)
             return jnp.stack([jnp.mean(jnp.abs(r[0] - t)) for r, t in zip(renders, targets)])
 
         return fn
@@ -1472,7 +1487,9 @@ class CalibrationSession:
         level = len(self.cfg.levels) - 1 if level is None else level
         sel = self._scored_frames()
         fn = self._eval_fn(level)
-        vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32))) for i in sel]
+        bodies = self._bodies(params, sel)
+        vals = [float(fn(params, self.bufs, jnp.asarray([i], jnp.int32), bodies[k:k + 1]))
+                for k, i in enumerate(sel)]
         return float(np.mean(vals)) if vals else math.nan
 
     def silhouette_edge_scores(self, *param_sets) -> np.ndarray:
@@ -1490,9 +1507,10 @@ class CalibrationSession:
         fn = self._alpha_fn(level)
         sums = np.zeros((len(param_sets), len(self.cameras)))
         counts = np.zeros_like(sums)
-        for i in sel:
+        bodies = [self._bodies(p, sel) for p in param_sets]
+        for k, i in enumerate(sel):
             idx = jnp.asarray([i], jnp.int32)
-            alphas = [fn(p, self.bufs, idx) for p in param_sets]
+            alphas = [fn(p, self.bufs, idx, b[k:k + 1]) for p, b in zip(param_sets, bodies)]
             for c in range(len(self.cameras)):
                 if float(self.bufs.valid[i, c]) == 0:
                     continue
@@ -1509,8 +1527,8 @@ class CalibrationSession:
         return self._cached("_alpha_fn", level, self._build_alpha_fn)
 
     def _build_alpha_fn(self, level: int):
-        return jax.jit(lambda p, b, i: render_batch(self.static, p, b.q[i], p["corrections"][i],
-                                                    level, alpha=True)[1])
+        return jax.jit(lambda p, b, i, bodies: render_batch(
+            self.static, p, b.q[i], p["corrections"][i], level, alpha=True, bodies=bodies)[1])
 
     def camera_guard(self, params, reference):
         """`params` with the cameras that fit the image edges worse than in `reference` reverted.
@@ -1560,7 +1578,23 @@ class CalibrationSession:
         return self._cached("_eval_fn", level, self._build_eval_fn)
 
     def _build_eval_fn(self, level: int):
-        return jax.jit(lambda p, b, i: _photometric(self.static, p, b, i, level, 0.0))
+        return jax.jit(lambda p, b, i, bodies: _photometric(self.static, p, b, i, level, 0.0,
+                                                            bodies=bodies))
+
+    def _bodies(self, params, idx) -> jax.Array:
+        """Body poses [len(idx), nbody, 4, 4] (float32) of buffer slots idx at `params`.
+
+        The joints are q + joint offsets + corrections, summed in float32 as the step
+        functions do; the poses come from C MuJoCo on the host
+        (`kinematics.reference_body_poses`), for the functions that need no gradient by
+        the joints (held-out scores, silhouettes, painting, the pair count): they then
+        hold no MJX kinematics, which took seconds of every cold start to compile.
+        """
+        idx = np.asarray(idx, np.int64)
+        q = (np.asarray(self.bufs.q)[idx] + np.asarray(params["joint_offsets"])[None]
+             + np.asarray(params["corrections"])[idx])
+        return jnp.asarray(kinematics.reference_body_poses(self._model, self._layout, q),
+                           jnp.float32)
 
     def _init_views(self, max_frames: int | None, params=None):
         """Frames to paint from and their poses at `params` (default current).
@@ -1583,10 +1617,10 @@ class CalibrationSession:
         else:
             idx = idx[:max_frames]
         p = self.params if params is None else params
-        poses = kinematics.forward_batch_jit(self.static.km, self.bufs.q[idx],
-                                             p["joint_offsets"], p["corrections"][idx],
-                                             p["fixed_deltas"], p["mounted_deltas"])
-        return (idx, poses.bodies, np.asarray(poses.cameras, np.float64),
+        bodies = self._bodies(p, idx)
+        poses = kinematics.assemble_batch_jit(self.static.km, bodies, p["fixed_deltas"],
+                                              p["mounted_deltas"])
+        return (idx, bodies, np.asarray(poses.cameras, np.float64),
                 len(self.cfg.levels) - 1)
 
     def _median_colours(self, points, idx, cams, level: int, use_camera=None,

@@ -17,6 +17,9 @@ The static model is a frozen pytree `KinematicModel` (build it once with
 
 `reference_forward` is the same computation with C MuJoCo in float64 (numpy); it is the
 test oracle and what `evaluate`/`synth` use (no JIT compile needed there).
+`reference_body_poses` gives the body poses of many frames that way; with
+`assemble_batch` the calibration session computes every pose it needs without a
+gradient (painting, held-out scores) on the host.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class KinematicModel:
     mjx_model: object  # mujoco.mjx.Model
     qpos_base: jax.Array  # [nq]
     joint_map: jax.Array  # [nq, J]
+    dof_map: jax.Array  # [nv, J] d qvel / d q (the driven hinges and slides: joint_map's rows)
     fixed_nominal: jax.Array  # [Cf, 4, 4] T_world_optical (m)
     mounted_nominal: jax.Array  # [Cw, 4, 4] T_mount_optical (m)
     mounted_body: jax.Array  # [Cw] int32 body ids of the mounts
@@ -125,6 +129,12 @@ def build_kinematic_model(rig: Rig, model: mujoco.MjModel) -> KinematicModel:
     mjx = _mjx()
 
     lay = joint_layout(rig, model)
+    # rig joints drive hinges and slides only (load_rig checks): one qpos and one dof each
+    dof_map = np.zeros((model.nv, len(rig.joint_names)))
+    for jid in range(model.njnt):
+        if int(model.jnt_type[jid]) in (int(mujoco.mjtJoint.mjJNT_HINGE),
+                                        int(mujoco.mjtJoint.mjJNT_SLIDE)):
+            dof_map[model.jnt_dofadr[jid]] = lay.A[model.jnt_qposadr[jid]]
     fixed = rig.fixed_cameras
     mounted = rig.mounted_cameras
     order = [c.name for c in fixed] + [c.name for c in mounted]
@@ -146,6 +156,7 @@ def build_kinematic_model(rig: Rig, model: mujoco.MjModel) -> KinematicModel:
         mjx_model=mjx_model,
         qpos_base=jnp.asarray(lay.qpos_base, f32),
         joint_map=jnp.asarray(lay.A, f32),
+        dof_map=jnp.asarray(dof_map, f32),
         fixed_nominal=stack(fixed),
         mounted_nominal=stack(mounted),
         mounted_body=jnp.asarray([_body_id(model, c.mount) for c in mounted], jnp.int32),
@@ -204,6 +215,9 @@ def forward_batch(km: KinematicModel, q_measured, joint_offsets, corrections, fi
 
 forward_jit = jax.jit(forward)
 forward_batch_jit = jax.jit(forward_batch)
+# `assemble` over frames: bodies [F, nbody, 4, 4] (e.g. from `reference_body_poses`)
+assemble_batch = jax.vmap(assemble, in_axes=(None, 0, None, None))
+assemble_batch_jit = jax.jit(assemble_batch)
 
 
 class BodyLinearization(NamedTuple):
@@ -215,15 +229,38 @@ class BodyLinearization(NamedTuple):
 
 @jax.jit
 def linearize_bodies(km: KinematicModel, q) -> BodyLinearization:
-    """Body poses at joints q [F, J] and their Jacobians (forward mode, J tangents).
+    """Body poses at joints q [F, J] and their Jacobians by the rig joints.
 
     With `linearized_bodies` a function that needs the body poses and their gradient
     by the joints at q only (an optimiser step) holds no kinematics of its own: XLA
     compiles MJX's kinematics and its derivative here, once, instead of inside every
     step function (docs/calibration.md "Session 43").
+
+    The Jacobian is MJX's own (`mjx.com_pos`, then `mjx.jac` at every body's origin):
+    d p_b / d q = jacp, d R_b / d q = [jacr]x R_b, mapped from the dofs to the rig
+    joints by `km.dof_map`. Equal to `jax.jacfwd` of `body_poses` to float32 rounding
+    (tests/test_kinematics.py), and about half its tracing and compile time.
     """
+    mjx = _mjx()
+    m = km.mjx_model
+
     def one(qf):
-        return body_poses(km, qf), jax.jacfwd(lambda x: body_poses(km, x))(qf)
+        qpos = km.qpos_base + km.joint_map @ qf
+        d = mjx.make_data(m).replace(qpos=qpos.astype(km.qpos_base.dtype))
+        d = mjx.com_pos(m, mjx.kinematics(m, d))
+        rot = d.xmat.reshape(-1, 3, 3)
+        jacp, jacr = jax.vmap(lambda p, b: mjx.jac(m, d, p, b))(
+            d.xpos, jnp.arange(m.nbody))                               # [nbody, nv, 3]
+        jacp = jnp.einsum("bvi,vk->bik", jacp, km.dof_map)             # [nbody, 3, J]
+        w = jnp.einsum("bvi,vk->bik", jacr, km.dof_map)
+        zero = jnp.zeros_like(w[:, 0])
+        skew = jnp.stack([jnp.stack([zero, -w[:, 2], w[:, 1]], 1),
+                          jnp.stack([w[:, 2], zero, -w[:, 0]], 1),
+                          jnp.stack([-w[:, 1], w[:, 0], zero], 1)], 1)  # [nbody, 3, 3, J]
+        d_rot = jnp.einsum("bijk,bjl->bilk", skew, rot)
+        top = jnp.concatenate([d_rot, jacp[:, :, None, :]], axis=2)    # [nbody, 3, 4, J]
+        jac = jnp.concatenate([top, jnp.zeros_like(top[:, :1])], axis=1)
+        return make_pose(rot, d.xpos), jac
 
     return BodyLinearization(*jax.vmap(one)(q))
 
@@ -258,6 +295,26 @@ def body_poses_reference(model: mujoco.MjModel, qpos: np.ndarray) -> np.ndarray:
     T[:, :3, :3] = d.xmat.reshape(-1, 3, 3)
     T[:, :3, 3] = d.xpos
     return T
+
+
+def reference_body_poses(model: mujoco.MjModel, layout: JointLayout,
+                         q: np.ndarray) -> np.ndarray:
+    """Body poses [F, nbody, 4, 4] (float64) of frames of total joint values q [F, J].
+
+    C MuJoCo's `mj_kinematics`, frame by frame (about 10 us each): what the session uses
+    where it needs the poses' values only (painting, scoring, sizing the pair list), so
+    those functions hold no MJX kinematics to trace and compile. Agrees with `body_poses`
+    to float32 rounding (tests/test_kinematics.py).
+    """
+    q = np.asarray(q, np.float64).reshape(-1, layout.A.shape[1])
+    d = mujoco.MjData(model)
+    out = np.tile(np.eye(4), (len(q), model.nbody, 1, 1))
+    for f, qf in enumerate(q):
+        d.qpos[:] = layout.qpos(qf)
+        mujoco.mj_kinematics(model, d)
+        out[f, :, :3, :3] = d.xmat.reshape(-1, 3, 3)
+        out[f, :, :3, 3] = d.xpos
+    return out
 
 
 def reference_forward(rig: Rig, model: mujoco.MjModel, q: np.ndarray,

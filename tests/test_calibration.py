@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from realsim_core import calibration as C
+from realsim_core import kinematics, losses
 from realsim_core.rig import load_mjmodel, load_rig
 from realsim_core.se3 import se3_exp
 from realsim_core.types import CameraIntrinsics
@@ -152,6 +153,49 @@ def test_pair_list_is_sized_from_the_views_and_grows_when_short(setup):
     s._set_static(s.static._replace(max_pairs=(need // 2,)))  # too short: holes
     assert s.fit_pair_budget()
     assert s.static.max_pairs[0] >= 2 * need
+
+
+def test_value_only_functions_take_the_host_poses_and_agree_with_mjx(setup):
+    """Held-out scores, silhouettes, painting views: C MuJoCo poses, MJX's values.
+
+    These functions get their body poses from the host (`_bodies`) rather than tracing
+    MJX's kinematics; with joint offsets, per-frame corrections and camera deltas set,
+    each agrees with the same function through `forward_batch` (MJX, float32).
+    """
+    rig, s, qs = setup
+    _reset(s, _fresh(s), qs)
+    rng = np.random.default_rng(11)
+    J = len(rig.joint_names)
+    p = dict(s.params)
+    p["joint_offsets"] = jnp.asarray(rng.normal(0, 0.02, J), jnp.float32)
+    p["corrections"] = jnp.asarray(rng.normal(0, 0.01, p["corrections"].shape), jnp.float32)
+    p["fixed_deltas"] = jnp.asarray(rng.normal(0, 0.01, p["fixed_deltas"].shape), jnp.float32)
+    p["mounted_deltas"] = jnp.asarray(rng.normal(0, 0.01, p["mounted_deltas"].shape),
+                                      jnp.float32)
+    idx = np.arange(N_FRAMES)
+    mjx = kinematics.forward_batch_jit(s.static.km, s.bufs.q[idx], p["joint_offsets"],
+                                       p["corrections"][idx], p["fixed_deltas"],
+                                       p["mounted_deltas"])
+    np.testing.assert_allclose(s._bodies(p, idx[::-1]), mjx.bodies[::-1], rtol=0, atol=1e-5)
+    # the held-out score: host poses vs MJX inside the function
+    level = len(s.cfg.levels) - 1
+    ref = np.mean([float(C._photometric(s.static, p, s.bufs, jnp.asarray([i], jnp.int32),
+                                        level, 0.0)) for i in s._scored_frames()])
+    assert s.holdout_residual(p) == pytest.approx(ref, rel=1e-5)
+    p0 = {**p, "corrections": jnp.zeros_like(p["corrections"])}
+    assert abs(s.holdout_residual(p0) - ref) > 1e-4 * ref   # the corrections count
+    # the painting views' cameras (wrists move with the corrected joints)
+    views = s._init_views(N_FRAMES, p)
+    np.testing.assert_allclose(views[2], np.asarray(mjx.cameras)[views[0]], rtol=0,
+                               atol=1e-5)
+    # the per-camera residual of a frame outside the buffer (drift detection)
+    imgs = _render_targets(s, p, qs[:1])[0]
+    got = s.camera_residuals(imgs, qs[0], params=p)
+    renders = C.render_batch(s.static, p, jnp.asarray(qs[0], jnp.float32)[None],
+                             jnp.zeros((1, J), jnp.float32), level)
+    for c, r in zip(s.cameras, renders):
+        x = losses.downsample(jnp.asarray(imgs[c], jnp.float32) / 255.0, s.cfg.levels[level])
+        assert got[c] == pytest.approx(float(jnp.mean(jnp.abs(r[0] - x))), rel=1e-4, abs=1e-6)
 
 
 def test_uncertainty_shrinks_with_more_frames(setup):

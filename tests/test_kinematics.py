@@ -11,11 +11,14 @@ from scipy.linalg import expm
 from test_rig import gym_aloha_rig_fixture  # noqa: F401 (provides fixture gym_aloha_rig)
 
 from realsim_core.kinematics import (
+    assemble_batch_jit,
     build_kinematic_model,
     forward,
     forward_batch_jit,
+    joint_layout,
     linearize_bodies,
     linearized_bodies,
+    reference_body_poses,
     reference_forward,
     tcp_positions,
 )
@@ -161,6 +164,29 @@ def test_linearized_bodies_hold_forwards_values_and_the_c_jacobian(builtin):
     assert float(via_lin(off)) == pytest.approx(float(direct(off)), rel=1e-5)
     np.testing.assert_allclose(jax.grad(via_lin)(off), jax.grad(direct)(off), rtol=1e-4,
                                atol=1e-4 * float(jnp.abs(jax.grad(direct)(off)).max()))
+
+
+def test_reference_body_poses_and_assemble_match_forward(builtin):
+    """C MuJoCo's body poses of many frames, assembled by `assemble_batch`, = `forward`.
+
+    What the session's value-only functions (held-out scores, painting) use instead of
+    MJX: bodies, cameras and TCPs agree with `forward_batch` to float32 rounding.
+    """
+    rig, model, km = builtin
+    x = _random_inputs(km, np.random.default_rng(5), 3)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    q = np.asarray(f32(x["q"]) + f32(x["off"]) + f32(x["corr"]), np.float64)
+    bodies = reference_body_poses(model, joint_layout(rig, model), q)
+    assert bodies.shape == (3, model.nbody, 4, 4) and bodies.dtype == np.float64
+    for f in range(3):       # frame by frame the C reference itself
+        np.testing.assert_array_equal(bodies[f], reference_forward(rig, model, q[f]).bodies)
+    out = forward_batch_jit(km, f32(x["q"]), f32(x["off"]), f32(x["corr"]), f32(x["fd"]),
+                            f32(x["md"]))
+    got = assemble_batch_jit(km, f32(bodies), f32(x["fd"]), f32(x["md"]))
+    for name in ("bodies", "cameras", "tcp"):
+        np.testing.assert_allclose(getattr(got, name), getattr(out, name), rtol=0,
+                                   atol=POSE_TOL, err_msg=name)
+    assert float(np.abs(bodies[0] - bodies[1]).max()) > 0.05    # the frames differ
 
 
 def test_foreign_mjcf_gym_aloha(gym_aloha_rig):
