@@ -1102,7 +1102,6 @@ class CalibrationSession:
         self._fns: dict = {}
         self._pair_counts = None        # jitted pair counter (independent of the list size)
         self._compiler: concurrent.futures.ThreadPoolExecutor | None = None  # precompile()
-        self._deferred: list = []       # (function, args) precompile left for the first cycle
         self._started = False
         self._start_params = None               # the start's parameters (start())
         self._build_optimisers()
@@ -1178,13 +1177,10 @@ class CalibrationSession:
         In the order a run needs them: the finest level's held-out scorer (`start`
         scores the start with it while the main thread paints), the step function of
         every level in `levels` (default: all), the held-out scorers of the flat-colour
-        levels (`_better_of`) and the camera guard's renderer. Only the first two are
-        traced here; the rest wait in `_deferred` until the first pose step (`cycle`
-        traces them after its colour steps), so the main thread paints the colours,
-        scores the start and runs the first colour steps while the first pose step
-        compiles, instead of tracing functions the run needs a minute later. Each
-        function's first call takes its executable (waiting for it if its compilation
-        is under way). Same executables as `jit` would build: the results do not change
+        levels (`_better_of`) and the camera guard's renderer. The main thread meanwhile
+        paints the colours, scores the start and runs the first level; each function's
+        first call takes its executable (waiting for it if its compilation is under
+        way). Same executables as `jit` would build: the results do not change
         (tests/test_calibration.py).
         Functions already compiled, or compiled when the call comes first, are not
         compiled again. One compilation at a time: XLA's compiler uses both cores of a
@@ -1207,20 +1203,11 @@ class CalibrationSession:
         jobs += [(self._eval_fn(li), one) for li in levels if li < self.cfg.flat_colour_levels]
         if self.cfg.camera_guard and self.cfg.optimise_cameras:
             jobs.append((self._alpha_fn(last), one))
-        now = 2 if len(levels) else 1
-        for fn, args in jobs[:now]:
-            fn.submit(self._compiler, *args)
-        self._deferred = jobs[now:]
-
-    def _submit_deferred(self) -> None:
-        """Trace and submit the compilations `precompile` left for later."""
-        jobs, self._deferred = self._deferred, []
         for fn, args in jobs:
             fn.submit(self._compiler, *args)
 
     def _cancel_precompiled(self) -> None:
         """Drop the background compilations not yet started (a stale scene, a run's end)."""
-        self._deferred = []
         for fn in (*getattr(self, "_steps", {}).values(), *getattr(self, "_fns", {}).values()):
             fn.cancel()
 
@@ -1818,8 +1805,6 @@ class CalibrationSession:
         fn = self._step_fn(level)
         for _ in range(self.cfg.colour_steps if colour_steps is None else colour_steps):
             self._do(fn, False)
-        if self._deferred and self._compiler is not None:
-            self._submit_deferred()     # the first pose step's compilation is under way
         for _ in range(self.cfg.pose_steps):
             self._do(fn, True)
 
