@@ -307,13 +307,9 @@ def reference_body_poses(model: mujoco.MjModel, layout: JointLayout,
     to float32 rounding (tests/test_kinematics.py).
     """
     q = np.asarray(q, np.float64).reshape(-1, layout.A.shape[1])
-    d = mujoco.MjData(model)
     out = np.tile(np.eye(4), (len(q), model.nbody, 1, 1))
     for f, qf in enumerate(q):
-        d.qpos[:] = layout.qpos(qf)
-        mujoco.mj_kinematics(model, d)
-        out[f, :, :3, :3] = d.xmat.reshape(-1, 3, 3)
-        out[f, :, :3, 3] = d.xpos
+        out[f] = body_poses_reference(model, layout.qpos(qf))
     return out
 
 
